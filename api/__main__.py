@@ -1,0 +1,51 @@
+"""``python -m api`` / ``ddpo-server``: run the orchestrator's REST server."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import uvicorn
+
+from api.main import create_app
+from api.settings import ServerSettings
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="ddpo-server",
+        description="Run the ddpo REST server. Every flag has an environment "
+        "variable (shown in brackets); flags win.",
+    )
+    parser.add_argument("--host", help="address to bind [DDPO_HOST, default 127.0.0.1]")
+    parser.add_argument("--port", type=int, help="port to bind [DDPO_PORT, default 8000]")
+    parser.add_argument(
+        "--database-url",
+        help="SQLAlchemy URL [DATABASE_URL, default sqlite:///./ddpo.db]",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        dest="heartbeat_timeout_s",
+        help="seconds of silence before a node is lost [DDPO_HEARTBEAT_TIMEOUT_S, default 10]",
+    )
+    parser.add_argument("--log-level", help="[DDPO_LOG_LEVEL, default info]")
+    args = parser.parse_args(argv)
+    overrides = {k: v for k, v in vars(args).items() if v is not None}
+    settings = ServerSettings(**overrides)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        # One process: the scheduler and long-poll wake-ups live in it.
+        workers=1,
+    )
+
+
+if __name__ == "__main__":
+    main()

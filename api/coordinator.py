@@ -1,0 +1,425 @@
+"""What the server does when something happens: a job is submitted or
+cancelled, a node registers or polls, a part reports. Each public method is
+one database transaction; status changes go through api.lifecycle and
+placement decisions through api.scheduling.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from fastapi import HTTPException
+from sqlmodel import Session
+
+from api.lifecycle import (
+    JobStatus,
+    NodeState,
+    PartStatus,
+    can_cancel,
+    move_job,
+    move_part,
+    settle_job,
+)
+from api.scheduling import NodeCapacity, Pending, Placement, pick_port, plan
+from api.schemas import (
+    Assignment,
+    JobError,
+    JobSpec,
+    NodeRegistration,
+    PartFinished,
+    PollResponse,
+    ProgressBatch,
+)
+from api.settings import ServerSettings
+from db import queries
+from db.engine import Database
+from db.models import Job, Node, Part, ProgressRow, utcnow
+
+log = logging.getLogger(__name__)
+
+
+class Coordinator:
+    """The server's decisions, bound to its database and settings."""
+
+    def __init__(self, db: Database, settings: ServerSettings) -> None:
+        self.db = db
+        self.settings = settings
+
+    # --- jobs -----------------------------------------------------------------
+
+    def submit_job(self, spec: JobSpec) -> int:
+        with self.db.write() as session:
+            job = queries.insert_job(
+                session=session, spec=spec.model_dump(mode="json"), name=spec.name
+            )
+            self._schedule(session)
+            assert job.id is not None
+            log.info("job %d submitted: %s", job.id, spec.model_dump_json())
+            return job.id
+
+    def cancel_job(self, job_id: int) -> None:
+        now = utcnow()
+        with self.db.write() as session:
+            job = _job_or_404(session, job_id, for_update=True)
+            status = JobStatus(job.status)
+            if not can_cancel(status):
+                raise HTTPException(409, f"job {job_id} is already {status.value}")
+            if status is JobStatus.QUEUED:
+                _set_job_status(session, job, JobStatus.CANCELLED, now)
+            elif status is JobStatus.RUNNING:
+                _set_job_status(session, job, JobStatus.CANCELLING, now)
+                _stop_active_parts(session, job)
+                _settle(session, job, now)
+            log.info("job %d: cancel requested (was %s)", job_id, status.value)
+
+    # --- nodes ----------------------------------------------------------------
+
+    def register_node(self, registration: NodeRegistration) -> int:
+        """Create the node, or take it back under the same name after a restart.
+
+        A restarted worker has no processes left, so whatever parts the
+        server still thought it ran are lost.
+        """
+        now = utcnow()
+        with self.db.write() as session:
+            node = queries.get_node_by_name(session=session, name=registration.name)
+            if node is None:
+                node = Node(name=registration.name, address=registration.address)
+                session.add(node)
+            node.address = registration.address
+            node.slots = registration.slots
+            node.gpus = registration.gpus
+            node.cpus = registration.cpus
+            node.trainers = list(registration.trainers)
+            node.state = NodeState.LIVE.value
+            node.last_heartbeat_at = now
+            session.flush()
+            assert node.id is not None
+            orphaned = queries.active_parts_on_nodes(session=session, node_ids=[node.id])
+            _lose_parts(session, orphaned, {node.id: node}, "worker_restarted", now)
+            self._schedule(session)
+            log.info(
+                "node %d (%s) registered at %s with %d slot(s), %d GPU(s)",
+                node.id, node.name, node.address, node.slots, node.gpus,
+            )
+            return node.id
+
+    def poll_node(self, node_id: int, active_part_ids: list[int]) -> PollResponse:
+        """Heartbeat, place what can be placed, and tell the node what to
+        start and what to stop."""
+        with self.db.write() as session:
+            node = queries.get_node(session=session, node_id=node_id)
+            if node is None:
+                raise HTTPException(404, f"node {node_id} not found; register again")
+            node.last_heartbeat_at = utcnow()
+            if node.state != NodeState.LIVE.value:
+                log.warning("node %d (%s) is back after being lost", node_id, node.name)
+                node.state = NodeState.LIVE.value
+            self._schedule(session)
+
+            mine = queries.active_parts_on_nodes(session=session, node_ids=[node_id])
+            reported = set(active_part_ids)
+            start = [
+                _assignment(session, p)
+                for p in mine
+                if p.status == PartStatus.ASSIGNED.value and p.id not in reported
+            ]
+            # Stop what the node runs but should not: parts asked to stop, and
+            # parts the server has already settled (or never gave this node).
+            stop = {p.id for p in mine if p.status == PartStatus.STOPPING.value}
+            known = {p.id: p for p in queries.parts_by_ids(session=session, part_ids=reported)}
+            for part_id in reported:
+                part = known.get(part_id)
+                if (
+                    part is None
+                    or part.node_id != node_id
+                    or part.status not in (PartStatus.ASSIGNED.value, PartStatus.RUNNING.value)
+                ):
+                    stop.add(part_id)
+            return PollResponse(start=start, stop=sorted(x for x in stop if x is not None))
+
+    def sweep_lost_nodes(self) -> bool:
+        """Mark nodes that stopped heartbeating as lost, and their parts with them."""
+        now = utcnow()
+        cutoff = now - timedelta(seconds=self.settings.heartbeat_timeout_s)
+        with self.db.write() as session:
+            stale = queries.stale_live_nodes(session=session, heartbeat_before=cutoff)
+            if not stale:
+                return False
+            nodes = {n.id: n for n in stale if n.id is not None}
+            for node in stale:
+                node.state = NodeState.LOST.value
+                log.warning(
+                    "node %d (%s) lost: no heartbeat since %s",
+                    node.id, node.name, node.last_heartbeat_at.isoformat(),
+                )
+            parts = queries.active_parts_on_nodes(session=session, node_ids=nodes)
+            _lose_parts(session, parts, nodes, "node_lost", now)
+            self._schedule(session)
+            return True
+
+    # --- part reports ---------------------------------------------------------
+
+    def part_started(self, part_id: int, node_id: int) -> bool:
+        """The node launched the part's processes. False: it should not have."""
+        with self.db.write() as session:
+            part = _owned_part(session, part_id, node_id)
+            if part.status != PartStatus.ASSIGNED.value or not _is_current(session, part):
+                return False
+            part.status = move_part(PartStatus(part.status), PartStatus.RUNNING).value
+            part.started_at = utcnow()
+            return True
+
+    def record_progress(self, part_id: int, batch: ProgressBatch) -> bool:
+        with self.db.write() as session:
+            part = _owned_part(session, part_id, batch.node_id)
+            if not _is_current(session, part):
+                return False
+            job = _job_or_404(session, part.job_id)
+            seen = queries.known_progress_seqs(
+                session=session,
+                attempt_id=part.attempt_id,
+                seqs=[r.seq for r in batch.reports],
+            )
+            fresh = {r.seq: r for r in batch.reports if r.seq not in seen}
+            queries.insert_progress(
+                session=session,
+                rows=(
+                    ProgressRow(
+                        job_id=part.job_id,
+                        attempt_id=part.attempt_id,
+                        seq=r.seq,
+                        epoch=r.epoch,
+                        batch=r.batch,
+                        batches_per_epoch=r.batches_per_epoch,
+                        loss=r.loss,
+                        samples_per_sec=r.samples_per_sec,
+                        at=r.at,
+                    )
+                    for r in fresh.values()
+                ),
+            )
+            if fresh:
+                latest = fresh[max(fresh)]
+                if job.progress_seq is None or latest.seq > job.progress_seq:
+                    job.progress_seq = latest.seq
+                    job.progress_epoch = latest.epoch
+                    job.progress_batch = latest.batch
+                    job.progress_batches_per_epoch = latest.batches_per_epoch
+                    job.progress_loss = latest.loss
+                    job.progress_samples_per_sec = latest.samples_per_sec
+                    job.progress_at = latest.at
+            return True
+
+    def finish_part(self, part_id: int, report: PartFinished) -> bool:
+        """A node's processes for this part have exited; settle the job."""
+        now = utcnow()
+        with self.db.write() as session:
+            part = _owned_part(session, part_id, report.node_id)
+            if PartStatus(part.status).is_terminal():
+                return False  # already settled: a resend, or the node was lost meanwhile
+            if part.status == PartStatus.ASSIGNED.value and report.status != "cancelled":
+                # Its "started" report was lost on the way; it did run.
+                part.status = move_part(PartStatus.ASSIGNED, PartStatus.RUNNING).value
+            part.status = move_part(PartStatus(part.status), PartStatus(report.status)).value
+            part.finished_at = now
+            part.exit_code = report.exit_code
+            part.failing_rank = report.failing_rank
+            part.error = report.traceback_tail or report.message
+            job = _job_or_404(session, part.job_id, for_update=True)
+            log.info(
+                "job %d machine %d: %s (exit code %s)",
+                job.id, part.machine_id, report.status, report.exit_code,
+            )
+            if job.current_attempt_id != part.attempt_id:
+                return False
+            if report.result is not None:
+                job.result = report.result.model_dump(mode="json")
+            if report.status == PartStatus.FAILED.value and job.error is None:
+                node = queries.get_node(session=session, node_id=part.node_id)
+                job.error = JobError(
+                    reason=report.reason or "rank_failed",
+                    message=report.message
+                    or f"machine {part.machine_id} failed with exit code {report.exit_code}",
+                    machine_id=part.machine_id,
+                    rank=report.failing_rank,
+                    node=node.name if node else None,
+                    exit_code=report.exit_code,
+                    traceback_tail=report.traceback_tail,
+                ).model_dump(mode="json")
+            _settle(session, job, now)
+            self._schedule(session)
+            return True
+
+    # --- placement ------------------------------------------------------------
+
+    def _schedule(self, session: Session) -> None:
+        """Start every queued job that can start now, each on all its machines
+        in this one transaction."""
+        queue = queries.queued_jobs(session=session)
+        if not queue:
+            return
+        nodes = {n.id: n for n in queries.live_nodes(session=session) if n.id is not None}
+        busy = queries.active_part_counts(session=session)
+        capacity = [
+            NodeCapacity(
+                node_id=node_id,
+                name=n.name,
+                free_slots=n.slots - busy.get(node_id, 0),
+                gpus=n.gpus,
+                trainers=frozenset(n.trainers),
+            )
+            for node_id, n in nodes.items()
+        ]
+        jobs = {j.id: j for j in queue if j.id is not None}
+        decisions = plan(
+            [(job_id, JobSpec.model_validate(j.spec)) for job_id, j in jobs.items()], capacity
+        )
+        now = utcnow()
+        for job_id, decision in decisions.items():
+            job = jobs[job_id]
+            if isinstance(decision, Pending):
+                job.pending_reason = decision.reason
+            elif isinstance(decision, Placement):
+                self._start(session, job, [nodes[i] for i in decision.node_ids], now)
+
+    def _start(self, session: Session, job: Job, nodes: list[Node], now: datetime) -> None:
+        assert job.id is not None
+        master = nodes[0].address
+        port = pick_port(
+            queries.ports_in_use(session=session, master_addr=master),
+            self.settings.rendezvous_port_first,
+            self.settings.rendezvous_port_last,
+            hint=job.id,
+        )
+        if port is None:
+            job.pending_reason = f"no free rendezvous port on {master}"
+            return
+        job.attempt_count += 1
+        attempt = queries.insert_attempt(
+            session=session,
+            job_id=job.id,
+            number=job.attempt_count,
+            master_addr=master,
+            master_port=port,
+        )
+        assert attempt.id is not None
+        for machine_id, node in enumerate(nodes):
+            assert node.id is not None
+            queries.insert_part(
+                session=session,
+                job_id=job.id,
+                attempt_id=attempt.id,
+                machine_id=machine_id,
+                node_id=node.id,
+            )
+        job.current_attempt_id = attempt.id
+        job.progress_seq = None
+        _set_job_status(session, job, JobStatus.RUNNING, now)
+        log.info(
+            "job %d attempt %d placed on %s, rendezvous %s:%d",
+            job.id, attempt.number, ", ".join(n.name for n in nodes), master, port,
+        )
+
+
+# --- steps shared by the methods above ----------------------------------------
+
+
+def _job_or_404(session: Session, job_id: int, *, for_update: bool = False) -> Job:
+    job = queries.get_job(session=session, job_id=job_id, for_update=for_update)
+    if job is None:
+        raise HTTPException(404, f"job {job_id} not found")
+    return job
+
+
+def _owned_part(session: Session, part_id: int, node_id: int) -> Part:
+    part = queries.get_part(session=session, part_id=part_id)
+    if part is None:
+        raise HTTPException(404, f"part {part_id} not found")
+    if part.node_id != node_id:
+        raise HTTPException(403, f"part {part_id} is not assigned to node {node_id}")
+    return part
+
+
+def _is_current(session: Session, part: Part) -> bool:
+    job = queries.get_job(session=session, job_id=part.job_id)
+    return job is not None and job.current_attempt_id == part.attempt_id
+
+
+def _assignment(session: Session, part: Part) -> Assignment:
+    job = queries.get_job(session=session, job_id=part.job_id)
+    attempt = queries.get_attempt(session=session, attempt_id=part.attempt_id)
+    assert job is not None and attempt is not None and part.id is not None
+    return Assignment(
+        part_id=part.id,
+        job_id=part.job_id,
+        attempt_id=part.attempt_id,
+        machine_id=part.machine_id,
+        spec=JobSpec.model_validate(job.spec),
+        master_addr=attempt.master_addr,
+        master_port=attempt.master_port,
+    )
+
+
+def _lose_parts(
+    session: Session, parts: Iterable[Part], nodes: dict[int, Node], reason: str, now: datetime
+) -> None:
+    what = "stopped heartbeating" if reason == "node_lost" else "restarted"
+    for part in parts:
+        part.status = move_part(PartStatus(part.status), PartStatus.LOST).value
+        part.finished_at = now
+        node = nodes[part.node_id]
+        part.error = f"node {node.name} {what}"
+        job = _job_or_404(session, part.job_id, for_update=True)
+        if job.current_attempt_id != part.attempt_id:
+            continue
+        if job.status == JobStatus.RUNNING.value and job.error is None:
+            job.error = JobError(
+                reason=reason,
+                message=f"node {node.name} (machine {part.machine_id}) {what}",
+                machine_id=part.machine_id,
+                node=node.name,
+            ).model_dump(mode="json")
+        _settle(session, job, now)
+
+
+def _settle(session: Session, job: Job, now: datetime) -> None:
+    if job.current_attempt_id is None:
+        return
+    parts = queries.parts_of_attempt(session=session, attempt_id=job.current_attempt_id)
+    current = JobStatus(job.status)
+    new = settle_job(current, (PartStatus(p.status) for p in parts))
+    if new is current:
+        return
+    _set_job_status(session, job, new, now)
+    if new is JobStatus.FAILED:
+        if job.error is None:
+            job.error = JobError(
+                reason="part_stopped", message="a part stopped without being asked to"
+            ).model_dump(mode="json")
+        _stop_active_parts(session, job)
+
+
+def _set_job_status(session: Session, job: Job, new: JobStatus, now: datetime) -> None:
+    job.status = move_job(JobStatus(job.status), new).value
+    if new is JobStatus.RUNNING:
+        job.started_at = now
+        job.pending_reason = None
+    if new.is_terminal():
+        job.finished_at = now
+        job.pending_reason = None
+        if job.current_attempt_id is not None:
+            attempt = queries.get_attempt(session=session, attempt_id=job.current_attempt_id)
+            if attempt is not None and attempt.finished_at is None:
+                attempt.finished_at = now
+    log.info("job %d: %s", job.id, new.value)
+
+
+def _stop_active_parts(session: Session, job: Job) -> None:
+    if job.current_attempt_id is None:
+        return
+    for part in queries.parts_of_attempt(session=session, attempt_id=job.current_attempt_id):
+        if part.status in (PartStatus.ASSIGNED.value, PartStatus.RUNNING.value):
+            part.status = move_part(PartStatus(part.status), PartStatus.STOPPING).value

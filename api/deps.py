@@ -1,0 +1,38 @@
+"""Per-request wiring: what a route needs, taken from the app's state."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from api.coordinator import Coordinator
+from api.notifier import Notifier
+from api.settings import ServerSettings
+from db.engine import Database
+
+
+def get_coordinator(request: Request) -> Coordinator:
+    coordinator: Coordinator = request.app.state.coordinator
+    return coordinator
+
+
+def get_db(request: Request) -> Database:
+    db: Database = request.app.state.db
+    return db
+
+
+def get_notifier(request: Request) -> Notifier:
+    notifier: Notifier = request.app.state.notifier
+    return notifier
+
+
+def get_settings(request: Request) -> ServerSettings:
+    settings: ServerSettings = request.app.state.settings
+    return settings
+
+
+CoordinatorDep = Annotated[Coordinator, Depends(get_coordinator)]
+DatabaseDep = Annotated[Database, Depends(get_db)]
+NotifierDep = Annotated[Notifier, Depends(get_notifier)]
+SettingsDep = Annotated[ServerSettings, Depends(get_settings)]

@@ -1,0 +1,142 @@
+"""The job and part state machines: pure functions, no I/O.
+
+Every status change in the server goes through :func:`move_job` or
+:func:`move_part`, so an illegal move (anything out of a terminal state, a
+part jumping from ``assigned`` to ``succeeded``) is refused in one place.
+:func:`settle_job` decides what a job becomes once its parts have changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import Enum
+
+
+class JobStatus(str, Enum):
+    """Where a job stands.
+
+    ``queued -> running -> succeeded | failed``; ``running -> cancelling ->
+    cancelled`` while the ranks are being stopped; ``queued -> cancelled``.
+    Terminal states are terminal.
+    """
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL_JOB
+
+
+class PartStatus(str, Enum):
+    """Where one machine id of one attempt stands, on the node it was given to.
+
+    ``assigned -> running -> succeeded | failed``; any live state can go to
+    ``stopping`` (the server asked the node to stop it), then ``cancelled``
+    once the node confirms; ``lost`` when the node stops heartbeating.
+    """
+
+    ASSIGNED = "assigned"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL_PART
+
+    def is_active(self) -> bool:
+        """Processes may exist for this part: it holds a slot on its node."""
+        return not self.is_terminal()
+
+
+class NodeState(str, Enum):
+    LIVE = "live"
+    LOST = "lost"
+
+
+_TERMINAL_JOB = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+_TERMINAL_PART = frozenset(
+    {PartStatus.SUCCEEDED, PartStatus.FAILED, PartStatus.CANCELLED, PartStatus.LOST}
+)
+
+JOB_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.CANCELLED}),
+    JobStatus.RUNNING: frozenset(
+        {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLING}
+    ),
+    JobStatus.CANCELLING: frozenset({JobStatus.CANCELLED}),
+    JobStatus.SUCCEEDED: frozenset(),
+    JobStatus.FAILED: frozenset(),
+    JobStatus.CANCELLED: frozenset(),
+}
+
+PART_TRANSITIONS: dict[PartStatus, frozenset[PartStatus]] = {
+    PartStatus.ASSIGNED: frozenset(
+        {
+            PartStatus.RUNNING,
+            PartStatus.STOPPING,
+            PartStatus.FAILED,
+            PartStatus.CANCELLED,
+            PartStatus.LOST,
+        }
+    ),
+    PartStatus.RUNNING: frozenset(
+        {PartStatus.SUCCEEDED, PartStatus.FAILED, PartStatus.STOPPING, PartStatus.LOST}
+    ),
+    # A part asked to stop may still finish on its own before the signal lands.
+    PartStatus.STOPPING: frozenset(
+        {PartStatus.CANCELLED, PartStatus.SUCCEEDED, PartStatus.FAILED, PartStatus.LOST}
+    ),
+    PartStatus.SUCCEEDED: frozenset(),
+    PartStatus.FAILED: frozenset(),
+    PartStatus.CANCELLED: frozenset(),
+    PartStatus.LOST: frozenset(),
+}
+
+
+class IllegalTransition(ValueError):
+    """A status change the state machine does not allow."""
+
+
+def move_job(current: JobStatus, new: JobStatus) -> JobStatus:
+    if new not in JOB_TRANSITIONS[current]:
+        raise IllegalTransition(f"job cannot go from {current.value} to {new.value}")
+    return new
+
+
+def move_part(current: PartStatus, new: PartStatus) -> PartStatus:
+    if new not in PART_TRANSITIONS[current]:
+        raise IllegalTransition(f"part cannot go from {current.value} to {new.value}")
+    return new
+
+
+def can_cancel(status: JobStatus) -> bool:
+    return status in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING)
+
+
+def settle_job(current: JobStatus, parts: Iterable[PartStatus]) -> JobStatus:
+    """What a job becomes given the statuses of its current attempt's parts.
+
+    A running job fails as soon as one part fails, is lost, or was stopped
+    without being asked to (the others are then stopped by the caller); it
+    succeeds when every part has. A cancelling job is cancelled once no part
+    can still have processes.
+    """
+    statuses = list(parts)
+    if current is JobStatus.RUNNING and statuses:
+        if any(
+            s in (PartStatus.FAILED, PartStatus.LOST, PartStatus.CANCELLED)
+            for s in statuses
+        ):
+            return JobStatus.FAILED
+        if all(s is PartStatus.SUCCEEDED for s in statuses):
+            return JobStatus.SUCCEEDED
+    if current is JobStatus.CANCELLING and all(s.is_terminal() for s in statuses):
+        return JobStatus.CANCELLED
+    return current

@@ -1,0 +1,94 @@
+"""The FastAPI application: routers, error handlers, and the background
+sweep that notices lost nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from api.coordinator import Coordinator
+from api.lifecycle import IllegalTransition
+from api.notifier import Notifier
+from api.routes import health, jobs, nodes, parts
+from api.settings import ServerSettings
+from db.engine import Database
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: ServerSettings | None = None) -> FastAPI:
+    settings = settings or ServerSettings()
+    db = Database(settings.database_url)
+    notifier = Notifier()
+    coordinator = Coordinator(db, settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        db.create_all()
+        notifier.bind(asyncio.get_running_loop())
+        sweeper = asyncio.create_task(_sweep_forever(coordinator, notifier, settings))
+        log.info("serving with database %s", _redacted(settings.database_url))
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+            db.dispose()
+
+    app = FastAPI(
+        title="ddpo",
+        summary="A REST-controlled orchestrator for distributed PyTorch training",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.db = db
+    app.state.notifier = notifier
+    app.state.coordinator = coordinator
+    for router in (jobs.router, nodes.router, parts.router, health.router):
+        app.include_router(router)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(IllegalTransition, _illegal_transition)
+    return app
+
+
+async def _sweep_forever(
+    coordinator: Coordinator, notifier: Notifier, settings: ServerSettings
+) -> None:
+    while True:
+        await asyncio.sleep(settings.sweep_interval_s)
+        try:
+            if await run_in_threadpool(coordinator.sweep_lost_nodes):
+                notifier.notify()
+        except Exception:  # keep sweeping: a transient database error must not end it
+            log.exception("sweep for lost nodes failed")
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """422 whose messages start with the dotted name of the offending field."""
+    assert isinstance(exc, RequestValidationError)
+    detail = []
+    for error in exc.errors():
+        loc = [str(part) for part in error.get("loc", ())]
+        field = ".".join(loc[1:] if loc and loc[0] == "body" else loc) or "body"
+        detail.append({**error, "msg": f"{field}: {error.get('msg', 'invalid')}"})
+    return JSONResponse(status_code=422, content={"detail": jsonable_encoder(detail)})
+
+
+async def _illegal_transition(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(status_code=409, content={"detail": str(exc)})
+
+
+def _redacted(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)

@@ -1,0 +1,117 @@
+"""Gang placement and rendezvous ports: pure decisions, no I/O.
+
+The coordinator reads the queue and the nodes inside one write transaction,
+asks :func:`plan` what to start, and writes the answer in that same
+transaction, so a job is either placed on all of its machines or on none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from api.schemas import JobSpec
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    node_id: int
+    name: str
+    free_slots: int
+    gpus: int
+    trainers: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """``node_ids[machine_id]`` is the node that runs that machine id."""
+
+    node_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Pending:
+    reason: str
+    # True when enough suitable nodes exist but are busy: the job is next in
+    # line, and jobs behind it wait so it is not starved by smaller ones.
+    waiting_for_slots: bool
+
+
+def _suits(node: NodeCapacity, spec: JobSpec) -> bool:
+    if spec.trainer not in node.trainers:
+        return False
+    if spec.backend == "nccl" and node.gpus < spec.topology.num_processes:
+        return False
+    return True
+
+
+def _requirement(spec: JobSpec) -> str:
+    need = f"trainer '{spec.trainer}'"
+    if spec.backend == "nccl":
+        need += f" and {spec.topology.num_processes} GPU(s) for nccl"
+    return need
+
+
+def place_gang(spec: JobSpec, nodes: Sequence[NodeCapacity]) -> Placement | Pending:
+    """M distinct suitable nodes with a free slot each, or why not."""
+    machines = spec.topology.num_machines
+    suitable = [n for n in nodes if _suits(n, spec)]
+    if len(suitable) < machines:
+        return Pending(
+            f"needs {machines} live node(s) with {_requirement(spec)}; "
+            f"{len(suitable)} of {len(nodes)} live node(s) qualify",
+            waiting_for_slots=False,
+        )
+    free = [n for n in suitable if n.free_slots > 0]
+    if len(free) < machines:
+        return Pending(
+            f"waiting for {machines} free node(s); {len(free)} of {len(suitable)} "
+            f"suitable node(s) have a free slot",
+            waiting_for_slots=True,
+        )
+    # Spread load: the emptiest nodes first, then the oldest, for stable picks.
+    free.sort(key=lambda n: (-n.free_slots, n.node_id))
+    return Placement(tuple(n.node_id for n in free[:machines]))
+
+
+def plan(
+    queue: Sequence[tuple[int, JobSpec]], nodes: Sequence[NodeCapacity]
+) -> dict[int, Placement | Pending]:
+    """Decide for each queued job (in queue order) where it starts, or why not.
+
+    First come, first served: once a job is waiting only for busy nodes, the
+    jobs behind it wait too. Jobs that no current node could ever run (say,
+    nccl with no GPU node) do not hold up the queue.
+    """
+    free = {n.node_id: n.free_slots for n in nodes}
+    decisions: dict[int, Placement | Pending] = {}
+    head: int | None = None
+    for job_id, spec in queue:
+        if head is not None:
+            decisions[job_id] = Pending(f"queued behind job {head}", waiting_for_slots=True)
+            continue
+        current = [
+            NodeCapacity(n.node_id, n.name, free[n.node_id], n.gpus, n.trainers) for n in nodes
+        ]
+        decision = place_gang(spec, current)
+        if isinstance(decision, Placement):
+            for node_id in decision.node_ids:
+                free[node_id] -= 1
+        elif decision.waiting_for_slots:
+            head = job_id
+        decisions[job_id] = decision
+    return decisions
+
+
+def pick_port(in_use: set[int], first: int, last: int, hint: int) -> int | None:
+    """A port in [first, last] not used by another live attempt on the host.
+
+    Starting from ``hint`` (the job id) spreads jobs over the range, so a port
+    just released is not reused at once while the old sockets drain.
+    """
+    size = last - first + 1
+    for offset in range(size):
+        port = first + (hint + offset) % size
+        if port not in in_use:
+            return port
+    return None

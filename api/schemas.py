@@ -1,0 +1,267 @@
+"""Wire schemas: what crosses HTTP between users, the server and workers.
+
+This module is imported by the server and by the worker (which must not
+import FastAPI or the database), so it depends on pydantic alone.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from api.lifecycle import JobStatus, NodeState, PartStatus
+
+# A job spec is data with bounds: nothing in it is executed or used as a path.
+MAX_WORLD_SIZE = 256
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Topology(_Strict):
+    num_machines: int = Field(1, ge=1, le=64, description="Machines (nodes) the job spans")
+    num_processes: int = Field(
+        1, ge=1, le=64, description="Training processes per machine"
+    )
+
+    @property
+    def world_size(self) -> int:
+        return self.num_machines * self.num_processes
+
+    @model_validator(mode="after")
+    def _world_size_within_limit(self) -> Topology:
+        if self.world_size > MAX_WORLD_SIZE:
+            raise ValueError(
+                f"world size {self.world_size} (num_machines x num_processes) "
+                f"exceeds the limit of {MAX_WORLD_SIZE}"
+            )
+        return self
+
+
+class JobSpec(_Strict):
+    """What a user asks for. Immutable once submitted."""
+
+    name: str | None = Field(None, max_length=128, description="Free-form label")
+    trainer: str = Field(
+        "mnist",
+        pattern=NAME_PATTERN,
+        description="A trainer installed on the workers (built in: mnist)",
+    )
+    topology: Topology = Field(default_factory=Topology)
+    backend: Literal["gloo", "nccl"] = Field(
+        "gloo", description="gloo on CPU; nccl needs a GPU per process on every node"
+    )
+    batch_size: int = Field(128, ge=1, le=65536, description="Per process")
+    epochs: int = Field(1, ge=1, le=1000)
+    lr: float = Field(0.5, gt=0, le=1000, allow_inf_nan=False)
+    seed: int = Field(1, ge=0, le=2**32 - 1)
+    max_steps_per_epoch: int | None = Field(
+        None, ge=1, le=10_000_000, description="Cut each epoch short (smoke runs)"
+    )
+
+
+# --- progress, results, errors ------------------------------------------------
+
+
+class ProgressReport(_Strict):
+    """One report from rank 0. ``seq`` makes a resent report harmless."""
+
+    seq: int = Field(ge=0)
+    epoch: int = Field(ge=1)
+    batch: int = Field(ge=0, description="Batches done in this epoch")
+    batches_per_epoch: int = Field(ge=1)
+    loss: float | None = Field(None, allow_inf_nan=True)
+    samples_per_sec: float | None = Field(None, ge=0)
+    at: datetime
+
+
+class TrainResult(_Strict):
+    """What rank 0 measured once training ended."""
+
+    train_loss: float | None = Field(None, description="Mean loss of rank 0's last epoch")
+    test_loss: float | None = None
+    test_accuracy: float | None = Field(None, ge=0, le=1)
+    setup_seconds: float | None = Field(None, ge=0)
+    train_seconds: float | None = Field(None, ge=0)
+    eval_seconds: float | None = Field(None, ge=0)
+    epoch_seconds: list[float] = Field(default_factory=list)
+    samples_per_sec: float | None = Field(None, ge=0)
+
+
+class JobError(BaseModel):
+    reason: str = Field(description="rank_failed, node_lost, worker_restarted, ...")
+    message: str
+    machine_id: int | None = None
+    rank: int | None = None
+    node: str | None = None
+    exit_code: int | None = None
+    traceback_tail: str | None = None
+
+
+# --- what users read ----------------------------------------------------------
+
+
+class PartPublic(BaseModel):
+    machine_id: int
+    node_id: int
+    node_name: str
+    node_address: str
+    status: PartStatus
+    exit_code: int | None = None
+    failing_rank: int | None = None
+    error: str | None = None
+    assigned_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class ProgressPublic(BaseModel):
+    epoch: int
+    epochs: int
+    batch: int
+    batches_per_epoch: int
+    percent: float
+    loss: float | None
+    samples_per_sec: float | None
+    updated_at: datetime
+
+
+class TimingPublic(BaseModel):
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    queued_seconds: float | None = Field(None, description="Created until started (or now)")
+    running_seconds: float | None = Field(None, description="Started until finished (or now)")
+    training_seconds: float | None = Field(None, description="Rank 0's training loop")
+    setup_seconds: float | None = None
+    eval_seconds: float | None = None
+
+
+class JobPublic(BaseModel):
+    id: int
+    name: str | None
+    status: JobStatus
+    pending_reason: str | None = Field(None, description="Why a queued job is not running")
+    spec: JobSpec
+    world_size: int
+    attempt: int = Field(description="Attempt number, 0 before the first start")
+    master_addr: str | None = None
+    master_port: int | None = None
+    parts: list[PartPublic]
+    progress: ProgressPublic | None = None
+    timing: TimingPublic
+    result: TrainResult | None = None
+    error: JobError | None = None
+
+
+class JobsPublic(BaseModel):
+    data: list[JobPublic]
+    count: int = Field(description="Jobs matching the filter, ignoring limit/offset")
+
+
+class MetricPoint(BaseModel):
+    epoch: int
+    batch: int
+    step: int = Field(description="Batches done since the start of the job")
+    loss: float | None
+    samples_per_sec: float | None
+    at: datetime
+
+
+class MetricsPublic(BaseModel):
+    job_id: int
+    points: list[MetricPoint]
+
+
+class NodePart(BaseModel):
+    job_id: int
+    machine_id: int
+    status: PartStatus
+
+
+class NodePublic(BaseModel):
+    id: int
+    name: str
+    address: str
+    slots: int
+    gpus: int
+    cpus: int
+    trainers: list[str]
+    state: NodeState
+    registered_at: datetime
+    last_heartbeat_at: datetime
+    parts: list[NodePart]
+
+
+# --- the worker protocol ------------------------------------------------------
+
+
+class NodeRegistration(_Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    address: str = Field(min_length=1, max_length=255, description="Where peers reach this node")
+    slots: int = Field(1, ge=1, le=64, description="Job parts it runs at once")
+    gpus: int = Field(0, ge=0, le=64)
+    cpus: int = Field(1, ge=1, le=4096)
+    trainers: list[str] = Field(default_factory=lambda: ["mnist"], max_length=64)
+
+
+class NodeRegistered(BaseModel):
+    node_id: int
+    heartbeat_timeout_s: float
+    poll_wait_s: float
+
+
+class PollRequest(_Strict):
+    active_part_ids: list[int] = Field(
+        default_factory=list, max_length=1024, description="Parts with processes on this node"
+    )
+    wait_s: float = Field(0, ge=0, le=30, description="Long-poll: wait this long for news")
+
+
+class Assignment(BaseModel):
+    """One machine id of one attempt, for a node to run."""
+
+    part_id: int
+    job_id: int
+    attempt_id: int
+    machine_id: int
+    spec: JobSpec
+    master_addr: str
+    master_port: int
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.topology.world_size
+
+
+class PollResponse(BaseModel):
+    start: list[Assignment]
+    stop: list[int] = Field(description="Part ids whose processes must be stopped")
+
+
+class PartStarted(_Strict):
+    node_id: int
+
+
+class ProgressBatch(_Strict):
+    node_id: int
+    reports: list[ProgressReport] = Field(max_length=10_000)
+
+
+class PartFinished(_Strict):
+    node_id: int
+    status: Literal["succeeded", "failed", "cancelled"]
+    exit_code: int | None = None
+    failing_rank: int | None = None
+    reason: str | None = Field(None, max_length=64)
+    message: str | None = Field(None, max_length=2000)
+    traceback_tail: str | None = Field(None, max_length=20_000)
+    result: TrainResult | None = None
+
+
+class Ack(BaseModel):
+    accepted: bool = True

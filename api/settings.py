@@ -1,0 +1,37 @@
+"""Server settings: environment variables (prefix ``DDPO_``), one place."""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DDPO_", extra="ignore", populate_by_name=True)
+
+    host: str = Field("127.0.0.1", description="Address to bind (loopback by default)")
+    port: int = Field(8000, ge=0, le=65535)
+    database_url: str = Field(
+        "sqlite:///./ddpo.db",
+        validation_alias=AliasChoices("DATABASE_URL", "DDPO_DATABASE_URL"),
+        description="SQLAlchemy URL; a SQLite file in the working directory by default",
+    )
+    heartbeat_timeout_s: float = Field(
+        10.0, gt=0, description="A node silent this long is marked lost"
+    )
+    poll_wait_s: float = Field(
+        2.0, ge=0, description="Longest a worker's poll is held open waiting for news"
+    )
+    sweep_interval_s: float = Field(1.0, gt=0, description="How often lost nodes are looked for")
+    rendezvous_port_first: int = Field(29500, ge=1024, le=65535)
+    rendezvous_port_last: int = Field(29999, ge=1024, le=65535)
+    max_page_size: int = Field(500, ge=1)
+    log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _check(self) -> ServerSettings:
+        if self.rendezvous_port_last < self.rendezvous_port_first:
+            raise ValueError("DDPO_RENDEZVOUS_PORT_LAST must not be below DDPO_RENDEZVOUS_PORT_FIRST")
+        if self.poll_wait_s >= self.heartbeat_timeout_s:
+            raise ValueError("DDPO_POLL_WAIT_S must be shorter than DDPO_HEARTBEAT_TIMEOUT_S")
+        return self

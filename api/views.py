@@ -1,0 +1,212 @@
+"""Read side: turn rows into the public schemas. One read transaction each,
+a fixed handful of queries however many parts a job has."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+
+from fastapi import HTTPException
+from sqlmodel import Session
+
+from api.lifecycle import JobStatus
+from api.schemas import (
+    JobError,
+    JobPublic,
+    JobSpec,
+    JobsPublic,
+    MetricPoint,
+    MetricsPublic,
+    NodePart,
+    NodePublic,
+    PartPublic,
+    ProgressPublic,
+    TimingPublic,
+    TrainResult,
+)
+from db import queries
+from db.engine import Database
+from db.models import Attempt, Job, Node, Part, utcnow
+
+
+def percent_done(*, epoch: int, batch: int, batches_per_epoch: int, epochs: int) -> float:
+    """Share of the whole job's batches done, 0-100."""
+    total = batches_per_epoch * epochs
+    done = (epoch - 1) * batches_per_epoch + batch
+    return round(100.0 * min(max(done, 0), total) / total, 2)
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return round((end - start).total_seconds(), 3)
+
+
+def job_public(
+    job: Job, attempt: Attempt | None, parts: list[tuple[Part, Node]], now: datetime
+) -> JobPublic:
+    assert job.id is not None
+    spec = JobSpec.model_validate(job.spec)
+    status = JobStatus(job.status)
+    result = TrainResult.model_validate(job.result) if job.result else None
+
+    progress = None
+    if job.progress_at is not None and job.progress_batches_per_epoch:
+        progress = ProgressPublic(
+            epoch=job.progress_epoch or 1,
+            epochs=spec.epochs,
+            batch=job.progress_batch or 0,
+            batches_per_epoch=job.progress_batches_per_epoch,
+            percent=percent_done(
+                epoch=job.progress_epoch or 1,
+                batch=job.progress_batch or 0,
+                batches_per_epoch=job.progress_batches_per_epoch,
+                epochs=spec.epochs,
+            ),
+            loss=job.progress_loss,
+            samples_per_sec=job.progress_samples_per_sec,
+            updated_at=job.progress_at,
+        )
+
+    end = job.finished_at or now
+    timing = TimingPublic(
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        queued_seconds=_seconds(job.created_at, job.started_at or end),
+        running_seconds=_seconds(job.started_at, end),
+        training_seconds=result.train_seconds if result else None,
+        setup_seconds=result.setup_seconds if result else None,
+        eval_seconds=result.eval_seconds if result else None,
+    )
+
+    return JobPublic(
+        id=job.id,
+        name=job.name,
+        status=status,
+        pending_reason=job.pending_reason if status is JobStatus.QUEUED else None,
+        spec=spec,
+        world_size=spec.topology.world_size,
+        attempt=attempt.number if attempt else 0,
+        master_addr=attempt.master_addr if attempt else None,
+        master_port=attempt.master_port if attempt else None,
+        parts=[
+            PartPublic(
+                machine_id=part.machine_id,
+                node_id=node.id or 0,
+                node_name=node.name,
+                node_address=node.address,
+                status=part.status,
+                exit_code=part.exit_code,
+                failing_rank=part.failing_rank,
+                error=part.error,
+                assigned_at=part.assigned_at,
+                started_at=part.started_at,
+                finished_at=part.finished_at,
+            )
+            for part, node in parts
+        ],
+        progress=progress,
+        timing=timing,
+        result=result,
+        error=JobError.model_validate(job.error) if job.error else None,
+    )
+
+
+def _public_jobs(db_session: Session, jobs: list[Job]) -> list[JobPublic]:
+    attempt_ids = [j.current_attempt_id for j in jobs if j.current_attempt_id is not None]
+    attempts = queries.get_attempts(session=db_session, attempt_ids=attempt_ids)
+    parts: dict[int, list[tuple[Part, Node]]] = defaultdict(list)
+    for part, node in queries.parts_with_nodes(session=db_session, attempt_ids=attempt_ids):
+        parts[part.attempt_id].append((part, node))
+    now = utcnow()
+    return [
+        job_public(
+            job,
+            attempts.get(job.current_attempt_id) if job.current_attempt_id else None,
+            parts.get(job.current_attempt_id, []) if job.current_attempt_id else [],
+            now,
+        )
+        for job in jobs
+    ]
+
+
+def read_job(*, db: Database, job_id: int) -> JobPublic:
+    with db.read() as session:
+        job = queries.get_job(session=session, job_id=job_id)
+        if job is None:
+            raise HTTPException(404, f"job {job_id} not found")
+        return _public_jobs(session, [job])[0]
+
+
+def read_jobs(
+    *, db: Database, status: JobStatus | None, limit: int, offset: int
+) -> JobsPublic:
+    with db.read() as session:
+        jobs, count = queries.list_jobs(
+            session=session,
+            status=status.value if status else None,
+            limit=limit,
+            offset=offset,
+        )
+        return JobsPublic(data=_public_jobs(session, jobs), count=count)
+
+
+def read_metrics(*, db: Database, job_id: int, max_points: int) -> MetricsPublic:
+    with db.read() as session:
+        job = queries.get_job(session=session, job_id=job_id)
+        if job is None:
+            raise HTTPException(404, f"job {job_id} not found")
+        rows = [
+            r
+            for r in queries.progress_of_job(session=session, job_id=job_id)
+            if r.attempt_id == job.current_attempt_id
+        ]
+    # Long jobs: keep an even spread of points, always including the last.
+    if len(rows) > max_points:
+        stride = len(rows) / max_points
+        picked = [rows[int(i * stride)] for i in range(max_points - 1)] + [rows[-1]]
+        rows = picked
+    return MetricsPublic(
+        job_id=job_id,
+        points=[
+            MetricPoint(
+                epoch=r.epoch,
+                batch=r.batch,
+                step=(r.epoch - 1) * r.batches_per_epoch + r.batch,
+                loss=r.loss,
+                samples_per_sec=r.samples_per_sec,
+                at=r.at,
+            )
+            for r in rows
+        ],
+    )
+
+
+def read_nodes(*, db: Database) -> list[NodePublic]:
+    with db.read() as session:
+        nodes = queries.list_nodes(session=session)
+        active = queries.active_parts_on_nodes(
+            session=session, node_ids=[n.id for n in nodes if n.id is not None]
+        )
+    by_node: dict[int, list[NodePart]] = defaultdict(list)
+    for part in active:
+        by_node[part.node_id].append(
+            NodePart(job_id=part.job_id, machine_id=part.machine_id, status=part.status)
+        )
+    return [
+        NodePublic(
+            id=n.id or 0,
+            name=n.name,
+            address=n.address,
+            slots=n.slots,
+            gpus=n.gpus,
+            cpus=n.cpus,
+            trainers=n.trainers,
+            state=n.state,
+            registered_at=n.registered_at,
+            last_heartbeat_at=n.last_heartbeat_at,
+            parts=by_node.get(n.id or 0, []),
+        )
+        for n in nodes
+    ]

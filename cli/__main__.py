@@ -1,0 +1,26 @@
+"""``ddpo``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cli import local_cluster
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ddpo", description="Distributed PyTorch training, orchestrated.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    local = commands.add_parser(
+        "local-cluster",
+        help="start a server and workers here, run one job through them, print its timing",
+        description=local_cluster.__doc__,
+    )
+    local_cluster.add_arguments(local)
+    local.set_defaults(run=local_cluster.run)
+    args = parser.parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

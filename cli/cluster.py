@@ -1,0 +1,183 @@
+"""A server and K workers as real processes on this machine, on loopback.
+
+Used by ``ddpo local-cluster``, by the end-to-end tests and by the
+benchmarks, so all three exercise the same real processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    _log: IO[bytes]
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace_s``; always reaps."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+    def log_tail(self, chars: int = 3000) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return text[-chars:]
+
+
+def _spawn(
+    name: str, args: list[str], log_path: Path, env: Mapping[str, str], cwd: Path
+) -> ManagedProcess:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "ab")  # noqa: SIM115 (closed by ManagedProcess.stop)
+    process = subprocess.Popen(
+        [sys.executable, *args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+        cwd=cwd,
+    )
+    return ManagedProcess(name, process, log_path, log)
+
+
+@dataclass
+class LocalCluster:
+    """Start with :meth:`start`, or use as a context manager; :meth:`stop`
+    always terminates every process it started."""
+
+    state_dir: Path
+    data_dir: Path
+    workers: int = 1
+    worker_slots: int = 1
+    port: int = 0
+    extra_env: dict[str, str] = field(default_factory=dict)
+    worker_args: list[str] = field(default_factory=list)
+    server_env: dict[str, str] = field(default_factory=dict)
+    server: ManagedProcess | None = None
+    worker_processes: list[ManagedProcess] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def database_path(self) -> Path:
+        return self.state_dir / "ddpo.db"
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self.state_dir = self.state_dir.resolve()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port()
+        try:
+            self.start_server(timeout_s)
+            for index in range(self.workers):
+                self.start_worker(f"node-{index}")
+            self.wait_for_nodes(self.workers, timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def start_server(self, timeout_s: float = 60.0) -> ManagedProcess:
+        env = {
+            **self.extra_env,
+            "DATABASE_URL": f"sqlite:///{self.database_path}",
+            **self.server_env,
+        }
+        self.server = _spawn(
+            "server",
+            ["-m", "api", "--host", "127.0.0.1", "--port", str(self.port)],
+            self.state_dir / "server.log",
+            env,
+            self.state_dir,
+        )
+        self._wait(lambda: httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200,
+                   timeout_s, "the server to answer /healthz", self.server)
+        return self.server
+
+    def start_worker(self, name: str, *extra_args: str) -> ManagedProcess:
+        work_dir = self.state_dir / name
+        worker = _spawn(
+            name,
+            [
+                "-m", "worker",
+                "--server", self.url,
+                "--name", name,
+                "--address", "127.0.0.1",
+                "--slots", str(self.worker_slots),
+                "--data-dir", str(self.data_dir.resolve()),
+                "--work-dir", str(work_dir / "runs"),
+                *self.worker_args,
+                *extra_args,
+            ],
+            self.state_dir / f"{name}.log",
+            self.extra_env,
+            self.state_dir,
+        )
+        self.worker_processes.append(worker)
+        return worker
+
+    def wait_for_nodes(self, count: int, timeout_s: float = 60.0) -> None:
+        def enough() -> bool:
+            nodes = httpx.get(f"{self.url}/nodes", timeout=5).json()
+            return sum(1 for n in nodes if n["state"] == "live") >= count
+
+        self._wait(enough, timeout_s, f"{count} live node(s)", None)
+
+    def _wait(
+        self, ready: Callable[[], bool], timeout_s: float, what: str, process: ManagedProcess | None
+    ) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if process is not None and process.process.poll() is not None:
+                raise RuntimeError(
+                    f"{process.name} exited with code {process.process.returncode} "
+                    f"while waiting for {what}:\n{process.log_tail()}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if ready():
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
+
+    def stop(self) -> None:
+        # Workers first, so they stop their ranks and report while the server is up.
+        for worker in self.worker_processes:
+            if worker.process.poll() is None:
+                worker.process.send_signal(signal.SIGTERM)
+        for worker in self.worker_processes:
+            worker.stop()
+        if self.server is not None:
+            self.server.stop()

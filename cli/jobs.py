@@ -1,0 +1,74 @@
+"""Job spec flags, and following a job until it ends."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import TextIO
+
+import httpx
+
+from api.schemas import JobPublic, JobSpec
+from cli import render
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = JobSpec()
+    group = parser.add_argument_group("job spec")
+    group.add_argument("--name")
+    group.add_argument("--trainer", default=defaults.trainer)
+    group.add_argument("--machines", type=int, default=defaults.topology.num_machines, help="num_machines")
+    group.add_argument("--processes", type=int, default=defaults.topology.num_processes, help="num_processes per machine")
+    group.add_argument("--backend", choices=["gloo", "nccl"], default=defaults.backend)
+    group.add_argument("--batch-size", type=int, default=defaults.batch_size, help="per process")
+    group.add_argument("--epochs", type=int, default=defaults.epochs)
+    group.add_argument("--lr", type=float, default=defaults.lr)
+    group.add_argument("--seed", type=int, default=defaults.seed)
+    group.add_argument("--max-steps-per-epoch", type=int, default=None)
+
+
+def spec_from_args(args: argparse.Namespace) -> dict[str, object]:
+    spec: dict[str, object] = {
+        "trainer": args.trainer,
+        "topology": {"num_machines": args.machines, "num_processes": args.processes},
+        "backend": args.backend,
+        "batch_size": args.batch_size,
+        "epochs": args.epochs,
+        "lr": args.lr,
+        "seed": args.seed,
+    }
+    if args.name:
+        spec["name"] = args.name
+    if args.max_steps_per_epoch is not None:
+        spec["max_steps_per_epoch"] = args.max_steps_per_epoch
+    return spec
+
+
+def submit(client: httpx.Client, spec: dict[str, object]) -> JobPublic:
+    response = client.post("/jobs", json=spec)
+    if response.status_code == 422:
+        problems = "; ".join(d["msg"] for d in response.json()["detail"])
+        raise SystemExit(f"the server rejected the job spec: {problems}")
+    response.raise_for_status()
+    return JobPublic.model_validate(response.json())
+
+
+def follow(
+    client: httpx.Client, job_id: int, *, interval_s: float = 1.0, out: TextIO = sys.stdout
+) -> JobPublic:
+    """Print progress about once a second until the job ends; return it."""
+    tty = out.isatty()
+    last = ""
+    while True:
+        job = JobPublic.model_validate(client.get(f"/jobs/{job_id}").raise_for_status().json())
+        line = render.progress_line(job)
+        if line != last:
+            out.write(("\r\033[K" + line) if tty else line + "\n")
+            out.flush()
+            last = line
+        if job.status.is_terminal():
+            if tty:
+                out.write("\n")
+            return job
+        time.sleep(interval_s)

@@ -1,0 +1,67 @@
+"""``ddpo local-cluster``: a server and K workers on this machine, one job
+through them, its progress while it runs and its timing when it ends."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from cli import render
+from cli.cluster import LocalCluster
+from cli.jobs import add_spec_arguments, follow, spec_from_args, submit
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workers", type=int, default=None, help="worker daemons to start (default: --machines)"
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(os.environ.get("DDPO_DATA_DIR", "./data")),
+        help="datasets directory; MNIST is downloaded there if absent [DDPO_DATA_DIR, default ./data]",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path("./local-cluster"),
+        help="database, logs and run directories (default ./local-cluster)",
+    )
+    parser.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
+    add_spec_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    workers = args.workers if args.workers is not None else args.machines
+    cluster = LocalCluster(state_dir=args.state_dir, data_dir=args.data_dir, workers=workers, port=args.port)
+    print(f"starting a server and {workers} worker(s) in {args.state_dir} ...", flush=True)
+    started = time.monotonic()
+    with cluster:
+        print(f"server at {cluster.url} (logs: {cluster.state_dir})", flush=True)
+        with httpx.Client(base_url=cluster.url, timeout=30) as client:
+            job = submit(client, spec_from_args(args))
+            print(f"submitted job {job.id}; follow it with: curl {cluster.url}/jobs/{job.id}", flush=True)
+            try:
+                job = follow(client, job.id)
+            except KeyboardInterrupt:
+                print(f"\ncancelling job {job.id} ...", flush=True)
+                client.post(f"/jobs/{job.id}/cancel")
+                job = follow(client, job.id)
+        print(render.summary(job))
+        print(f"wall time, cluster start to job end: {time.monotonic() - started:.1f} s")
+    return 0 if job.status.value == "succeeded" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ddpo local-cluster")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""Engine and sessions. ``DATABASE_URL`` alone decides SQLite or PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, event
+from sqlalchemy.engine import make_url
+from sqlmodel import Session, SQLModel, create_engine
+
+from db import models  # noqa: F401  (registers the tables on SQLModel.metadata)
+
+# A writer waits this long for SQLite's single write lock before giving up.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+class Database:
+    """The engine plus the two kinds of session the server uses.
+
+    ``read()`` sessions see a consistent snapshot and never block writers
+    (WAL). ``write()`` sessions take the write lock up front (SQLite's
+    ``BEGIN IMMEDIATE``), so a read-then-write transaction such as a gang
+    claim can never be overtaken between its read and its write.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.is_sqlite = make_url(url).get_backend_name() == "sqlite"
+        self.engine = _make_engine(url, self.is_sqlite)
+        self._write_engine = self.engine.execution_options(ddpo_begin="IMMEDIATE")
+
+    def create_all(self) -> None:
+        SQLModel.metadata.create_all(self.engine)
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with Session(self.engine, expire_on_commit=False) as session:
+            yield session
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """A transaction that commits on success and rolls back on error."""
+        with Session(self._write_engine, expire_on_commit=False) as session:
+            with session.begin():
+                yield session
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _make_engine(url: str, is_sqlite: bool) -> Engine:
+    if not is_sqlite:
+        return create_engine(url, pool_pre_ping=True)
+
+    database = make_url(url).database
+    if database and database != ":memory:":
+        Path(database).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(
+        url,
+        connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event issue BEGIN itself (pysqlite's own
+        # implicit BEGIN is deferred and comes too late for a claim).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        mode = connection.get_execution_options().get("ddpo_begin", "DEFERRED")
+        connection.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine

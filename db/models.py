@@ -1,0 +1,118 @@
+"""The tables. Status columns hold the values of the enums in api.lifecycle."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, Column, DateTime, UniqueConstraint
+from sqlalchemy.types import TypeDecorator
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stores UTC; reads back aware datetimes (SQLite keeps no zone)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(timezone.utc).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value
+
+
+class Node(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(index=True, unique=True)
+    address: str
+    slots: int = 1
+    gpus: int = 0
+    cpus: int = 1
+    trainers: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    state: str = Field(default="live", index=True)
+    registered_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    last_heartbeat_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Job(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    name: str | None = None
+    spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    status: str = Field(default="queued", index=True)
+    priority: int = 0
+    pending_reason: str | None = None
+    current_attempt_id: int | None = None
+    attempt_count: int = 0
+    created_at: datetime = Field(default_factory=utcnow, index=True, sa_type=UTCDateTime)
+    started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # The latest progress, copied here so GET /jobs/{id} is one cheap row read.
+    progress_seq: int | None = None
+    progress_epoch: int | None = None
+    progress_batch: int | None = None
+    progress_batches_per_epoch: int | None = None
+    progress_loss: float | None = None
+    progress_samples_per_sec: float | None = None
+    progress_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    error: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+
+
+class Attempt(SQLModel, table=True):
+    """One try at running a job. Its id is the fencing token reports must name."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id", index=True)
+    number: int
+    master_addr: str
+    master_port: int
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class Part(SQLModel, table=True):
+    """One machine id of one attempt, on one node."""
+
+    __table_args__ = (
+        UniqueConstraint("attempt_id", "machine_id"),
+        UniqueConstraint("attempt_id", "node_id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id", index=True)
+    attempt_id: int = Field(foreign_key="attempt.id", index=True)
+    machine_id: int
+    node_id: int = Field(foreign_key="node.id", index=True)
+    status: str = Field(default="assigned", index=True)
+    assigned_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    exit_code: int | None = None
+    failing_rank: int | None = None
+    error: str | None = None
+
+
+class ProgressRow(SQLModel, table=True):
+    __tablename__ = "progress"
+    __table_args__ = (UniqueConstraint("attempt_id", "seq"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id", index=True)
+    attempt_id: int = Field(foreign_key="attempt.id")
+    seq: int
+    epoch: int
+    batch: int
+    batches_per_epoch: int
+    loss: float | None = None
+    samples_per_sec: float | None = None
+    at: datetime = Field(sa_type=UTCDateTime)

@@ -1,0 +1,212 @@
+"""Queries, one function each, keyword arguments only. No decisions here:
+what a status change means is decided in api/, which calls these."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from db.models import Attempt, Job, Node, Part, ProgressRow
+
+# Statuses whose processes may still exist; kept as plain strings so db/ does
+# not depend on api/ (api.lifecycle.PartStatus.is_active agrees, a test checks).
+ACTIVE_PART_STATUSES = ("assigned", "running", "stopping")
+
+
+# --- jobs ---------------------------------------------------------------------
+
+
+def insert_job(*, session: Session, spec: dict[str, Any], name: str | None) -> Job:
+    job = Job(spec=spec, name=name)
+    session.add(job)
+    session.flush()
+    return job
+
+
+def get_job(*, session: Session, job_id: int, for_update: bool = False) -> Job | None:
+    statement = select(Job).where(Job.id == job_id)
+    if for_update:
+        statement = statement.with_for_update()
+    return session.exec(statement).first()
+
+
+def list_jobs(
+    *, session: Session, status: str | None, limit: int, offset: int
+) -> tuple[list[Job], int]:
+    filtered = select(Job)
+    counted = select(func.count()).select_from(Job)
+    if status is not None:
+        filtered = filtered.where(Job.status == status)
+        counted = counted.where(Job.status == status)
+    jobs = session.exec(
+        filtered.order_by(col(Job.created_at).desc(), col(Job.id).desc())
+        .offset(offset)
+        .limit(limit)
+    ).all()
+    return list(jobs), int(session.exec(counted).one())
+
+
+def queued_jobs(*, session: Session) -> list[Job]:
+    """Queued jobs in the order they should be considered."""
+    statement = (
+        select(Job)
+        .where(Job.status == "queued")
+        .order_by(col(Job.priority).desc(), col(Job.created_at), col(Job.id))
+        .with_for_update(skip_locked=True)
+    )
+    return list(session.exec(statement).all())
+
+
+# --- attempts and parts -------------------------------------------------------
+
+
+def insert_attempt(
+    *, session: Session, job_id: int, number: int, master_addr: str, master_port: int
+) -> Attempt:
+    attempt = Attempt(
+        job_id=job_id, number=number, master_addr=master_addr, master_port=master_port
+    )
+    session.add(attempt)
+    session.flush()
+    return attempt
+
+
+def get_attempt(*, session: Session, attempt_id: int) -> Attempt | None:
+    return session.get(Attempt, attempt_id)
+
+
+def get_attempts(*, session: Session, attempt_ids: Iterable[int]) -> dict[int, Attempt]:
+    ids = list(set(attempt_ids))
+    if not ids:
+        return {}
+    rows = session.exec(select(Attempt).where(col(Attempt.id).in_(ids))).all()
+    return {a.id: a for a in rows if a.id is not None}
+
+
+def insert_part(
+    *, session: Session, job_id: int, attempt_id: int, machine_id: int, node_id: int
+) -> Part:
+    part = Part(job_id=job_id, attempt_id=attempt_id, machine_id=machine_id, node_id=node_id)
+    session.add(part)
+    session.flush()
+    return part
+
+
+def get_part(*, session: Session, part_id: int) -> Part | None:
+    return session.get(Part, part_id)
+
+
+def parts_of_attempt(*, session: Session, attempt_id: int) -> list[Part]:
+    statement = select(Part).where(Part.attempt_id == attempt_id).order_by(col(Part.machine_id))
+    return list(session.exec(statement).all())
+
+
+def parts_with_nodes(
+    *, session: Session, attempt_ids: Iterable[int]
+) -> list[tuple[Part, Node]]:
+    ids = list(set(attempt_ids))
+    if not ids:
+        return []
+    statement = (
+        select(Part, Node)
+        .join(Node, col(Node.id) == col(Part.node_id))
+        .where(col(Part.attempt_id).in_(ids))
+        .order_by(col(Part.attempt_id), col(Part.machine_id))
+    )
+    return [(part, node) for part, node in session.exec(statement).all()]
+
+
+def active_parts_on_nodes(*, session: Session, node_ids: Iterable[int]) -> list[Part]:
+    ids = list(set(node_ids))
+    if not ids:
+        return []
+    statement = select(Part).where(
+        col(Part.node_id).in_(ids), col(Part.status).in_(ACTIVE_PART_STATUSES)
+    )
+    return list(session.exec(statement).all())
+
+
+def parts_by_ids(*, session: Session, part_ids: Iterable[int]) -> list[Part]:
+    ids = list(set(part_ids))
+    if not ids:
+        return []
+    return list(session.exec(select(Part).where(col(Part.id).in_(ids))).all())
+
+
+def active_part_counts(*, session: Session) -> dict[int, int]:
+    statement = (
+        select(Part.node_id, func.count())
+        .where(col(Part.status).in_(ACTIVE_PART_STATUSES))
+        .group_by(col(Part.node_id))
+    )
+    return {node_id: int(count) for node_id, count in session.exec(statement).all()}
+
+
+def ports_in_use(*, session: Session, master_addr: str) -> set[int]:
+    """Rendezvous ports of attempts on this address that may still have processes."""
+    statement = (
+        select(Attempt.master_port)
+        .join(Part, col(Part.attempt_id) == col(Attempt.id))
+        .where(
+            Attempt.master_addr == master_addr,
+            col(Part.status).in_(ACTIVE_PART_STATUSES),
+        )
+        .distinct()
+    )
+    return set(session.exec(statement).all())
+
+
+# --- nodes --------------------------------------------------------------------
+
+
+def get_node(*, session: Session, node_id: int) -> Node | None:
+    return session.get(Node, node_id)
+
+
+def get_node_by_name(*, session: Session, name: str) -> Node | None:
+    return session.exec(select(Node).where(Node.name == name)).first()
+
+
+def list_nodes(*, session: Session) -> list[Node]:
+    return list(session.exec(select(Node).order_by(col(Node.id))).all())
+
+
+def live_nodes(*, session: Session) -> list[Node]:
+    statement = select(Node).where(Node.state == "live").order_by(col(Node.id))
+    return list(session.exec(statement).all())
+
+
+def stale_live_nodes(*, session: Session, heartbeat_before: datetime) -> list[Node]:
+    statement = select(Node).where(
+        Node.state == "live", col(Node.last_heartbeat_at) < heartbeat_before
+    )
+    return list(session.exec(statement).all())
+
+
+# --- progress -----------------------------------------------------------------
+
+
+def known_progress_seqs(*, session: Session, attempt_id: int, seqs: Sequence[int]) -> set[int]:
+    if not seqs:
+        return set()
+    statement = select(ProgressRow.seq).where(
+        ProgressRow.attempt_id == attempt_id, col(ProgressRow.seq).in_(list(seqs))
+    )
+    return set(session.exec(statement).all())
+
+
+def insert_progress(*, session: Session, rows: Iterable[ProgressRow]) -> None:
+    session.add_all(list(rows))
+
+
+def progress_of_job(*, session: Session, job_id: int) -> list[ProgressRow]:
+    statement = (
+        select(ProgressRow)
+        .where(ProgressRow.job_id == job_id)
+        .order_by(col(ProgressRow.attempt_id), col(ProgressRow.seq))
+    )
+    return list(session.exec(statement).all())

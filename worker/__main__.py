@@ -1,0 +1,68 @@
+"""``python -m worker`` / ``ddpo-worker``: the node daemon."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from worker.daemon import Worker
+from worker.settings import WorkerSettings
+
+
+def _trainer(value: str) -> tuple[str, str]:
+    name, sep, target = value.partition("=")
+    if not sep or ":" not in target:
+        raise argparse.ArgumentTypeError(f"{value!r} is not NAME=module:attribute")
+    return name, target
+
+
+def parse_settings(argv: list[str] | None = None) -> WorkerSettings:
+    parser = argparse.ArgumentParser(
+        prog="ddpo-worker",
+        description="Run a ddpo node: register with the server, take job parts, "
+        "run their DDP ranks with torch.multiprocessing.spawn, report back. "
+        "Every flag has an environment variable (in brackets); flags win.",
+    )
+    parser.add_argument("--server", dest="server_url", help="server URL [DDPO_SERVER_URL, default http://127.0.0.1:8000]")
+    parser.add_argument("--name", help="unique node name [DDPO_WORKER_NAME, default the host name]")
+    parser.add_argument(
+        "--address",
+        help="address other nodes reach this one at; used as MASTER_ADDR when "
+        "this node runs machine 0 [DDPO_WORKER_ADDRESS, default 127.0.0.1]",
+    )
+    parser.add_argument("--slots", type=int, help="job parts run at once [DDPO_WORKER_SLOTS, default 1]")
+    parser.add_argument("--gpus", type=int, help="GPUs offered [DDPO_WORKER_GPUS, default: counted]")
+    parser.add_argument("--data-dir", dest="data_dir", help="datasets directory [DDPO_DATA_DIR, default ./data]")
+    parser.add_argument("--work-dir", dest="work_dir", help="run directories and logs [DDPO_WORKER_WORK_DIR, default ./runs]")
+    parser.add_argument(
+        "--trainer",
+        action="append",
+        type=_trainer,
+        dest="trainers",
+        metavar="NAME=module:attribute",
+        help="offer an extra installed trainer (repeatable) [DDPO_WORKER_TRAINERS, a JSON object]",
+    )
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # One line per request would drown the state changes.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    overrides = {
+        k: v for k, v in vars(args).items() if v is not None and k not in ("log_level", "trainers")
+    }
+    settings = WorkerSettings(**overrides)
+    if args.trainers:
+        settings = settings.model_copy(update={"trainers": {**settings.trainers, **dict(args.trainers)}})
+        WorkerSettings.model_validate(settings.model_dump())
+    return settings
+
+
+def main(argv: list[str] | None = None) -> None:
+    Worker(parse_settings(argv)).run()
+
+
+if __name__ == "__main__":
+    main()

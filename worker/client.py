@@ -1,0 +1,86 @@
+"""The worker's side of the protocol: HTTP calls to the server, nothing else."""
+
+from __future__ import annotations
+
+import httpx
+
+from api.schemas import (
+    Ack,
+    NodeRegistered,
+    NodeRegistration,
+    PartFinished,
+    PartStarted,
+    PollRequest,
+    PollResponse,
+    ProgressBatch,
+    ProgressReport,
+)
+
+
+class ServerUnavailable(RuntimeError):
+    """The server could not be reached or answered with a 5xx: try again later."""
+
+
+class NodeUnknown(RuntimeError):
+    """The server does not know this node id: register again."""
+
+
+class Refused(RuntimeError):
+    """The server rejected a request (4xx): resending it would not help."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class ServerClient:
+    def __init__(self, base_url: str, timeout_s: float) -> None:
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _post(self, path: str, body: object, *, read_timeout: float | None = None) -> object:
+        timeout = None
+        if read_timeout is not None:
+            timeout = httpx.Timeout(self._http.timeout.connect, read=read_timeout)
+        try:
+            response = self._http.post(
+                path,
+                content=body.model_dump_json(),  # type: ignore[attr-defined]
+                headers={"content-type": "application/json"},
+                **({"timeout": timeout} if timeout else {}),
+            )
+        except httpx.HTTPError as exc:
+            raise ServerUnavailable(f"{path}: {exc!r}") from exc
+        if response.status_code >= 500:
+            raise ServerUnavailable(f"{path}: {response.status_code} {response.text[:200]}")
+        if response.status_code >= 400:
+            raise Refused(response.status_code, f"{path}: {response.status_code} {response.text[:500]}")
+        return response.json()
+
+    def register(self, registration: NodeRegistration) -> NodeRegistered:
+        return NodeRegistered.model_validate(self._post("/nodes/register", registration))
+
+    def poll(self, node_id: int, active_part_ids: list[int], wait_s: float) -> PollResponse:
+        request = PollRequest(active_part_ids=active_part_ids, wait_s=wait_s)
+        try:
+            data = self._post(
+                f"/nodes/{node_id}/poll", request, read_timeout=wait_s + self._http.timeout.read
+            )
+        except Refused as exc:
+            if exc.status_code == 404:
+                raise NodeUnknown(str(exc)) from exc
+            raise
+        return PollResponse.model_validate(data)
+
+    def started(self, part_id: int, node_id: int) -> bool:
+        ack = Ack.model_validate(self._post(f"/parts/{part_id}/started", PartStarted(node_id=node_id)))
+        return ack.accepted
+
+    def progress(self, part_id: int, node_id: int, reports: list[ProgressReport]) -> bool:
+        body = ProgressBatch(node_id=node_id, reports=reports)
+        return Ack.model_validate(self._post(f"/parts/{part_id}/progress", body)).accepted
+
+    def finish(self, part_id: int, report: PartFinished) -> bool:
+        return Ack.model_validate(self._post(f"/parts/{part_id}/finish", report)).accepted

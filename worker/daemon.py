@@ -1,0 +1,264 @@
+"""The node daemon: register, then poll the server for parts to start or stop,
+supervise their process groups, and ship their progress and outcome.
+
+Nothing is lost while the server is away: progress and finish reports stay
+queued on the part until the server takes them, in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from types import FrameType
+
+from api.schemas import Assignment, NodeRegistration, PartFinished
+from worker import trainers
+from worker.client import NodeUnknown, Refused, ServerClient, ServerUnavailable
+from worker.part import PartProcess
+from worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 5.0
+
+
+def count_gpus() -> int:
+    """GPUs this node can offer, without importing torch into the daemon."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        listing = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings, client: ServerClient | None = None) -> None:
+        self.settings = settings
+        self.client = client or ServerClient(settings.server_url, settings.request_timeout_s)
+        self.node_id: int | None = None
+        self.parts: dict[int, PartProcess] = {}
+        self._exit_requested = False
+        self._server_down_since: float | None = None
+        self._backoff_s = 0.5
+
+    # --- lifecycle ------------------------------------------------------------
+
+    def run(self) -> None:
+        self._install_signal_handlers()
+        try:
+            while not self._exit_requested:
+                if self.node_id is None:
+                    self._register()
+                else:
+                    self._iteration()
+        finally:
+            self._shutdown()
+
+    def request_exit(self, *_: object) -> None:
+        self._exit_requested = True
+
+    def _install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: FrameType | None) -> None:
+            log.info("received %s, stopping", signal.Signals(signum).name)
+            self.request_exit()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def _register(self) -> None:
+        registration = NodeRegistration(
+            name=self.settings.name,
+            address=self.settings.address,
+            slots=self.settings.slots,
+            gpus=self.settings.gpus if self.settings.gpus is not None else count_gpus(),
+            cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+            trainers=sorted(trainers.available(self.settings.trainers)),
+        )
+        try:
+            registered = self.client.register(registration)
+        except ServerUnavailable as exc:
+            self._server_unavailable(exc)
+            return
+        self._server_available()
+        self.node_id = registered.node_id
+        log.info(
+            "registered as node %d (%s, %s) with %s",
+            self.node_id, registration.name, registration.address, self.settings.server_url,
+        )
+
+    def _shutdown(self) -> None:
+        """Stop every part this node still runs and say so, best effort."""
+        for part in self.parts.values():
+            part.request_stop()
+        deadline = time.monotonic() + self.settings.stop_grace_s + 5
+        while self.parts and time.monotonic() < deadline:
+            for part_id, part in list(self.parts.items()):
+                part.enforce_stop(self.settings.stop_grace_s)
+                if part.has_ended():
+                    self._report_shutdown(part_id)
+                    del self.parts[part_id]
+            time.sleep(0.1)
+        self.client.close()
+        log.info("worker %s stopped", self.settings.name)
+
+    def _report_shutdown(self, part_id: int) -> None:
+        if self.node_id is None:
+            return
+        report = PartFinished(
+            node_id=self.node_id,
+            status="failed",
+            reason="worker_shutdown",
+            message=f"worker {self.settings.name} shut down while the part ran",
+        )
+        try:
+            self.client.finish(part_id, report)
+        except (ServerUnavailable, Refused) as exc:
+            log.warning("could not report part %d stopped at shutdown: %s", part_id, exc)
+
+    # --- one turn of the loop -------------------------------------------------
+
+    def _iteration(self) -> None:
+        assert self.node_id is not None
+        self._tend_parts()
+        wait = self.settings.poll_wait_s
+        if self.parts:
+            # Come back soon enough to ship progress and notice exits.
+            wait = min(wait, self.settings.report_interval_s)
+        try:
+            response = self.client.poll(self.node_id, sorted(self.parts), wait)
+        except NodeUnknown:
+            log.warning("server no longer knows node %d; registering again", self.node_id)
+            self.node_id = None
+            return
+        except ServerUnavailable as exc:
+            self._server_unavailable(exc)
+            return
+        self._server_available()
+        for assignment in response.start:
+            self._start(assignment)
+        for part_id in response.stop:
+            self._stop(part_id)
+        self._tend_parts()
+
+    def _start(self, assignment: Assignment) -> None:
+        assert self.node_id is not None
+        if assignment.part_id in self.parts:
+            return
+        log.info(
+            "starting job %d machine %d (part %d): %d process(es), rendezvous %s:%d",
+            assignment.job_id, assignment.machine_id, assignment.part_id,
+            assignment.spec.topology.num_processes, assignment.master_addr, assignment.master_port,
+        )
+        try:
+            part = PartProcess.launch(assignment, self.settings)
+        except OSError as exc:
+            log.error("could not launch part %d: %s", assignment.part_id, exc)
+            self._send_finish(
+                assignment.part_id,
+                PartFinished(
+                    node_id=self.node_id,
+                    status="failed",
+                    reason="launch_failed",
+                    message=f"worker {self.settings.name} could not launch the part: {exc}",
+                ),
+            )
+            return
+        self.parts[assignment.part_id] = part
+        try:
+            if not self.client.started(assignment.part_id, self.node_id):
+                log.info("part %d was withdrawn while starting; stopping it", assignment.part_id)
+                part.request_stop()
+        except ServerUnavailable as exc:
+            # The finish report moves it along later; the poll keeps it honest.
+            log.warning("could not report part %d started: %s", assignment.part_id, exc)
+        except Refused as exc:
+            log.warning("start of part %d refused: %s", assignment.part_id, exc)
+            part.request_stop()
+
+    def _stop(self, part_id: int) -> None:
+        assert self.node_id is not None
+        part = self.parts.get(part_id)
+        if part is None:
+            # Nothing runs here for it: confirm, so the server can settle it.
+            self._send_finish(
+                part_id,
+                PartFinished(
+                    node_id=self.node_id,
+                    status="cancelled",
+                    message="stopped before it started on this node",
+                ),
+            )
+            return
+        if part.stop_requested_at is None:
+            log.info("stopping part %d (job %d)", part_id, part.assignment.job_id)
+        part.request_stop()
+
+    def _tend_parts(self) -> None:
+        """Ship new progress, enforce stop deadlines, and report ended parts."""
+        assert self.node_id is not None
+        for part_id, part in list(self.parts.items()):
+            part.enforce_stop(self.settings.stop_grace_s)
+            ended = part.has_ended()
+            part.unsent.extend(part.progress.read_new())
+            if part.unsent and not self._ship_progress(part_id, part):
+                continue  # keep order: no finish before its progress is in
+            if ended:
+                report = part.final_report(self.node_id)
+                if self._send_finish(part_id, report):
+                    log.info(
+                        "part %d (job %d machine %d) %s",
+                        part_id, part.assignment.job_id, part.assignment.machine_id, report.status,
+                    )
+                    del self.parts[part_id]
+
+    def _ship_progress(self, part_id: int, part: PartProcess) -> bool:
+        assert self.node_id is not None
+        try:
+            self.client.progress(part_id, self.node_id, part.unsent)
+        except ServerUnavailable as exc:
+            self._server_unavailable(exc)
+            return False
+        except Refused as exc:
+            log.warning("progress of part %d refused, dropping it: %s", part_id, exc)
+        part.unsent.clear()
+        return True
+
+    def _send_finish(self, part_id: int, report: PartFinished) -> bool:
+        """True once the server has the report (or refused it for good)."""
+        try:
+            self.client.finish(part_id, report)
+        except ServerUnavailable as exc:
+            self._server_unavailable(exc)
+            return False
+        except Refused as exc:
+            log.warning("finish of part %d refused: %s", part_id, exc)
+        return True
+
+    # --- server availability --------------------------------------------------
+
+    def _server_unavailable(self, exc: Exception) -> None:
+        if self._server_down_since is None:
+            self._server_down_since = time.monotonic()
+            log.warning("server unavailable (%s); retrying", exc)
+        time.sleep(self._backoff_s)
+        self._backoff_s = min(self._backoff_s * 2, MAX_BACKOFF_S)
+
+    def _server_available(self) -> None:
+        if self._server_down_since is not None:
+            log.info(
+                "server reachable again after %.1f s",
+                time.monotonic() - self._server_down_since,
+            )
+        self._server_down_since = None
+        self._backoff_s = 0.5

@@ -1,0 +1,87 @@
+"""``python -m worker.launcher RUN_DIR``: run one part (one machine id of a
+job) as ``mp.spawn(run_rank, nprocs=P)`` and record how it ended.
+
+The daemon starts this in a new session, so it can stop the launcher and
+every rank with one signal to the process group. Run it by hand on a
+launch.json to train without the server (the benchmark does).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from worker import runfiles, trainers
+from worker._process import die_with_parent
+
+TRACEBACK_TAIL_CHARS = 4000
+
+
+def _tail(text: str) -> str:
+    return text[-TRACEBACK_TAIL_CHARS:].strip()
+
+
+def launch(config: runfiles.LaunchConfig) -> runfiles.Outcome:
+    assignment = config.assignment
+    processes = config.local_processes
+    try:
+        trainer = trainers.resolve(assignment.spec.trainer, config.trainers)
+        if trainer.prepare is not None:
+            trainer.prepare(config.data_dir)
+    except Exception as exc:
+        return runfiles.Outcome(
+            status="failed",
+            reason="prepare_failed",
+            message=f"machine {assignment.machine_id} could not prepare: {exc}",
+            exit_code=1,
+            traceback_tail=_tail(traceback.format_exc()),
+        )
+
+    import torch.multiprocessing as mp
+
+    from worker.rank import run_rank
+
+    first_rank = assignment.machine_id * processes
+    try:
+        mp.spawn(run_rank, args=(config, os.getpid()), nprocs=processes, join=True)
+    except mp.ProcessRaisedException as exc:
+        rank = first_rank + exc.error_index
+        return runfiles.Outcome(
+            status="failed",
+            reason="rank_failed",
+            message=f"rank {rank} (machine {assignment.machine_id}) raised an exception",
+            failing_rank=rank,
+            exit_code=1,
+            traceback_tail=_tail(exc.msg),
+        )
+    except mp.ProcessExitedException as exc:
+        rank = first_rank + exc.error_index
+        how = f"was killed by {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}"
+        return runfiles.Outcome(
+            status="failed",
+            reason="rank_exited",
+            message=f"rank {rank} (machine {assignment.machine_id}) {how}",
+            failing_rank=rank,
+            exit_code=exc.exit_code,
+        )
+    return runfiles.Outcome(status="succeeded", exit_code=0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m worker.launcher RUN_DIR", file=sys.stderr)
+        return 2
+    config = runfiles.read_launch(Path(args[0]))
+    die_with_parent(config.parent_pid, sig=15)
+    outcome = launch(config)
+    runfiles.write_outcome(config.run_dir, outcome)
+    if outcome.status == "failed":
+        print(outcome.message, file=sys.stderr, flush=True)
+    return 0 if outcome.status == "succeeded" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

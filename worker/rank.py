@@ -1,0 +1,72 @@
+"""One rank: join the process group, run the trainer, always leave the group."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from datetime import timedelta
+from time import perf_counter
+
+import torch
+import torch.distributed as dist
+
+from worker import runfiles, trainers
+from worker._process import die_with_parent
+from worker.context import TrainContext
+
+
+def run_rank(local_rank: int, config: runfiles.LaunchConfig, launcher_pid: int) -> None:
+    """The function ``mp.spawn`` runs in each process of this machine."""
+    started_at = perf_counter()
+    die_with_parent(launcher_pid)
+    assignment = config.assignment
+    spec = assignment.spec
+    rank = assignment.machine_id * spec.topology.num_processes + local_rank
+    world_size = spec.topology.world_size
+    os.environ.update(
+        MASTER_ADDR=assignment.master_addr,
+        MASTER_PORT=str(assignment.master_port),
+        WORLD_SIZE=str(world_size),
+        RANK=str(rank),
+        LOCAL_RANK=str(local_rank),
+        LOCAL_WORLD_SIZE=str(spec.topology.num_processes),
+    )
+    if spec.backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+
+    dist.init_process_group(
+        spec.backend,
+        init_method="env://",
+        world_size=world_size,
+        rank=rank,
+        timeout=timedelta(seconds=config.process_group_timeout_s),
+    )
+    report = runfiles.ProgressWriter(config.run_dir) if rank == 0 else None
+    try:
+        trainer = trainers.resolve(spec.trainer, config.trainers)
+        context = TrainContext(
+            spec=spec,
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world_size,
+            machine_id=assignment.machine_id,
+            device=device,
+            data_dir=config.data_dir,
+            started_at=started_at,
+            **({"report": report} if report else {}),
+        )
+        result = trainer.train(context)
+        if rank == 0 and result is not None:
+            runfiles.write_result(config.run_dir, result)
+    except BaseException:
+        # mp.spawn relays this to the launcher too; printing it here puts it
+        # in the part's log with the rank that raised it.
+        print(f"rank {rank} failed:\n{traceback.format_exc()}", flush=True)
+        raise
+    finally:
+        if report is not None:
+            report.close()
+        dist.destroy_process_group()

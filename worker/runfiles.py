@@ -1,0 +1,152 @@
+"""The run directory: the file contract between the daemon and the processes
+it launches for one part.
+
+The daemon writes ``launch.json``; the launcher and its ranks write
+``progress.jsonl`` (rank 0, appended), ``result.json`` (rank 0, at the end)
+and ``outcome.json`` (the launcher, how the part ended); their stdout and
+stderr go to ``output.log``. Files survive crashes, so the daemon can always
+tell what happened, and progress lines arrive in order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from api.schemas import Assignment, ProgressReport, TrainResult
+
+LAUNCH = "launch.json"
+PROGRESS = "progress.jsonl"
+RESULT = "result.json"
+OUTCOME = "outcome.json"
+OUTPUT = "output.log"
+
+
+class LaunchConfig(BaseModel):
+    """Everything the launcher needs, so it reads no settings of its own."""
+
+    assignment: Assignment
+    run_dir: Path
+    data_dir: Path
+    trainers: dict[str, str] = Field(default_factory=dict)
+    process_group_timeout_s: float
+    parent_pid: int
+
+    @property
+    def local_processes(self) -> int:
+        return self.assignment.spec.topology.num_processes
+
+
+class Outcome(BaseModel):
+    status: Literal["succeeded", "failed"]
+    reason: str | None = None
+    message: str | None = None
+    failing_rank: int | None = None
+    exit_code: int | None = None
+    traceback_tail: str | None = None
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Readers see the old file or the new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_launch(config: LaunchConfig) -> None:
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    write_atomically(config.run_dir / LAUNCH, config.model_dump_json(indent=2))
+
+
+def read_launch(run_dir: Path) -> LaunchConfig:
+    return LaunchConfig.model_validate_json((run_dir / LAUNCH).read_text())
+
+
+def write_result(run_dir: Path, result: TrainResult) -> None:
+    write_atomically(run_dir / RESULT, result.model_dump_json())
+
+
+def read_result(run_dir: Path) -> TrainResult | None:
+    path = run_dir / RESULT
+    return TrainResult.model_validate_json(path.read_text()) if path.exists() else None
+
+
+def write_outcome(run_dir: Path, outcome: Outcome) -> None:
+    write_atomically(run_dir / OUTCOME, outcome.model_dump_json())
+
+
+def read_outcome(run_dir: Path) -> Outcome | None:
+    path = run_dir / OUTCOME
+    return Outcome.model_validate_json(path.read_text()) if path.exists() else None
+
+
+class ProgressWriter:
+    """Rank 0's side: one JSON line per report, flushed at once (cheap: a
+    report goes out every few batches, not every batch)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self._file = open(run_dir / PROGRESS, "a", encoding="utf-8")  # noqa: SIM115
+        self._seq = 0
+
+    def __call__(
+        self,
+        *,
+        epoch: int,
+        batch: int,
+        batches_per_epoch: int,
+        loss: float | None,
+        samples_per_sec: float | None,
+    ) -> None:
+        report = ProgressReport(
+            seq=self._seq,
+            epoch=epoch,
+            batch=batch,
+            batches_per_epoch=batches_per_epoch,
+            loss=loss,
+            samples_per_sec=samples_per_sec,
+            at=datetime.now(timezone.utc),
+        )
+        self._file.write(report.model_dump_json() + "\n")
+        self._file.flush()
+        self._seq += 1
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class ProgressReader:
+    """The daemon's side: returns the complete lines added since last time."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self._path = run_dir / PROGRESS
+        self._offset = 0
+
+    def read_new(self) -> list[ProgressReport]:
+        try:
+            with open(self._path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return []
+        self._offset += end + 1
+        return [
+            ProgressReport.model_validate(json.loads(line))
+            for line in chunk[: end + 1].splitlines()
+            if line.strip()
+        ]

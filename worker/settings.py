@@ -1,0 +1,64 @@
+"""Worker settings: environment variables (prefix ``DDPO_WORKER_``), one place."""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from api.schemas import NAME_PATTERN
+
+
+def _default_name() -> str:
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname()).strip("-.") or "node"
+    return name[:64]
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="DDPO_WORKER_", extra="ignore", populate_by_name=True
+    )
+
+    server_url: str = Field(
+        "http://127.0.0.1:8000",
+        validation_alias=AliasChoices("DDPO_SERVER_URL", "server_url"),
+        description="The ddpo server",
+    )
+    name: str = Field(default_factory=_default_name, pattern=NAME_PATTERN)
+    address: str = Field(
+        "127.0.0.1", description="Address other nodes reach this one at (MASTER_ADDR)"
+    )
+    slots: int = Field(1, ge=1, le=64, description="Job parts run at once")
+    gpus: int | None = Field(None, ge=0, description="GPUs offered; None: count them")
+    data_dir: Path = Field(
+        Path("./data"),
+        validation_alias=AliasChoices("DDPO_DATA_DIR", "data_dir"),
+        description="Where datasets live (MNIST under <data_dir>/MNIST/raw)",
+    )
+    work_dir: Path = Field(Path("./runs"), description="Per-part run directories and logs")
+    trainers: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra trainers, name -> 'module:attribute' (built in: mnist)",
+    )
+    poll_wait_s: float = Field(2.0, ge=0, le=30, description="Long-poll wait when idle")
+    report_interval_s: float = Field(
+        1.0, gt=0, description="How often progress is shipped while a part runs"
+    )
+    stop_grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL when stopping ranks")
+    process_group_timeout_s: float = Field(
+        300.0, gt=0, description="torch.distributed timeout for rendezvous and collectives"
+    )
+    request_timeout_s: float = Field(30.0, gt=0)
+
+    @field_validator("trainers")
+    @classmethod
+    def _check_trainers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, target in value.items():
+            if not re.match(NAME_PATTERN, name):
+                raise ValueError(f"trainer name {name!r} must match {NAME_PATTERN}")
+            if ":" not in target:
+                raise ValueError(f"trainer {name!r}: {target!r} is not 'module:attribute'")
+        return value
