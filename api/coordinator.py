@@ -237,7 +237,7 @@ class Coordinator:
                 return False
             if report.result is not None:
                 job.result = report.result.model_dump(mode="json")
-            if report.status == PartStatus.FAILED.value and job.error is None:
+            if report.status == PartStatus.FAILED.value and _may_explain(job, report):
                 node = queries.get_node(session=session, node_id=part.node_id)
                 job.error = JobError(
                     reason=report.reason or "rank_failed",
@@ -346,6 +346,14 @@ def _owned_part(session: Session, part_id: int, node_id: int) -> Part:
 def _is_current(session: Session, part: Part) -> bool:
     job = queries.get_job(session=session, job_id=part.job_id)
     return job is not None and job.current_attempt_id == part.attempt_id
+
+
+def _may_explain(job: Job, report: PartFinished) -> bool:
+    """Whether this failure should become the job's error: the first one,
+    unless it only said a peer went away and this one says why."""
+    if job.error is None:
+        return True
+    return job.error.get("reason") == "peer_failure" and report.reason != "peer_failure"
 
 
 def _assignment(session: Session, part: Part) -> Assignment:

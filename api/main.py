@@ -79,7 +79,10 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     detail = []
     for error in exc.errors():
         loc = [str(part) for part in error.get("loc", ())]
-        field = ".".join(loc[1:] if loc and loc[0] == "body" else loc) or "body"
+        # Drop where it came from ("body", "query", "path"): the name is what helps.
+        if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
+            loc = loc[1:] or loc
+        field = ".".join(loc) or "body"
         detail.append({**error, "msg": f"{field}: {error.get('msg', 'invalid')}"})
     return JSONResponse(status_code=422, content={"detail": jsonable_encoder(detail)})
 

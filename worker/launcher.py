@@ -18,6 +18,18 @@ from worker._process import die_with_parent
 
 TRACEBACK_TAIL_CHARS = 4000
 
+# What a rank sees when another rank of the job died first: its failure is a
+# consequence, and the server keeps looking for the cause.
+PEER_FAILURE_SIGNS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "NCCL communicator was aborted",
+)
+
+
+def _classify(traceback_text: str) -> str:
+    return "peer_failure" if any(s in traceback_text for s in PEER_FAILURE_SIGNS) else "rank_failed"
+
 
 def _tail(text: str) -> str:
     return text[-TRACEBACK_TAIL_CHARS:].strip()
@@ -48,10 +60,12 @@ def launch(config: runfiles.LaunchConfig) -> runfiles.Outcome:
         mp.spawn(run_rank, args=(config, os.getpid()), nprocs=processes, join=True)
     except mp.ProcessRaisedException as exc:
         rank = first_rank + exc.error_index
+        reason = _classify(exc.msg)
+        what = "lost a peer" if reason == "peer_failure" else "raised an exception"
         return runfiles.Outcome(
             status="failed",
-            reason="rank_failed",
-            message=f"rank {rank} (machine {assignment.machine_id}) raised an exception",
+            reason=reason,
+            message=f"rank {rank} (machine {assignment.machine_id}) {what}",
             failing_rank=rank,
             exit_code=1,
             traceback_tail=_tail(exc.msg),

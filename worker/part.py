@@ -95,10 +95,13 @@ class PartProcess:
 
     def final_report(self, node_id: int) -> PartFinished:
         exit_code = self.process.returncode
-        if self.stop_requested_at is not None:
-            return PartFinished(node_id=node_id, status="cancelled", exit_code=exit_code)
         outcome = runfiles.read_outcome(self.run_dir)
         result = runfiles.read_result(self.run_dir)
+        # An outcome on disk was written before any stop signal landed (the
+        # signal kills the launcher before it could write one): report it, so
+        # a root cause is not hidden behind the stop it caused.
+        if self.stop_requested_at is not None and outcome is None:
+            return PartFinished(node_id=node_id, status="cancelled", exit_code=exit_code)
         if outcome is not None and outcome.status == "succeeded" and exit_code == 0:
             return PartFinished(node_id=node_id, status="succeeded", exit_code=0, result=result)
         if outcome is None:

@@ -1,0 +1,98 @@
+"""A real uvicorn server on a free loopback port, in a thread of the test
+process, over a real SQLite file; tests speak HTTP to it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from api.main import create_app
+from api.settings import ServerSettings
+from cli.cluster import free_port
+
+
+class ThreadedServer:
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        config = uvicorn.Config(
+            create_app(settings), host="127.0.0.1", port=settings.port, log_level="warning"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.port}"
+
+    def __enter__(self) -> ThreadedServer:
+        self.thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+
+
+def make_settings(tmp_path: Path, **overrides: Any) -> ServerSettings:
+    return ServerSettings(
+        host="127.0.0.1",
+        port=free_port(),
+        database_url=f"sqlite:///{tmp_path / 'ddpo.db'}",
+        **overrides,
+    )
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ThreadedServer]:
+    with ThreadedServer(make_settings(tmp_path, poll_wait_s=0.5, sweep_interval_s=0.2)) as s:
+        yield s
+
+
+@pytest.fixture
+def client(server: ThreadedServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=10) as c:
+        yield c
+
+
+class ProtocolNode:
+    """Speaks the worker protocol by hand, to put the server in exact states."""
+
+    def __init__(self, client: httpx.Client, name: str, **registration: Any) -> None:
+        self.client = client
+        body = {"name": name, "address": "127.0.0.1", **registration}
+        self.node_id: int = client.post("/nodes/register", json=body).raise_for_status().json()["node_id"]
+        self.name = name
+
+    def poll(self, active: list[int] | None = None, wait_s: float = 0) -> dict[str, Any]:
+        response = self.client.post(
+            f"/nodes/{self.node_id}/poll", json={"active_part_ids": active or [], "wait_s": wait_s}
+        )
+        result: dict[str, Any] = response.raise_for_status().json()
+        return result
+
+    def finish(self, part_id: int, status: str, **fields: Any) -> httpx.Response:
+        return self.client.post(
+            f"/parts/{part_id}/finish", json={"node_id": self.node_id, "status": status, **fields}
+        )
+
+
+def wait_for(predicate: Any, timeout_s: float = 10.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

@@ -1,0 +1,115 @@
+"""What users get from the jobs API: validation, lookups, listing, cancel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+
+def submit(client: httpx.Client, **spec: Any) -> dict[str, Any]:
+    response = client.post("/jobs", json=spec)
+    assert response.status_code == 201, response.text
+    job: dict[str, Any] = response.json()
+    return job
+
+
+def test_submit_answers_201_with_the_stored_job(client: httpx.Client) -> None:
+    job = submit(client, name="first", topology={"num_machines": 2, "num_processes": 1}, epochs=2)
+    assert job["id"] >= 1 and job["status"] == "queued"
+    assert job["spec"]["topology"] == {"num_machines": 2, "num_processes": 1}
+    assert job["spec"]["epochs"] == 2 and job["world_size"] == 2
+    assert "needs 2 live node(s)" in job["pending_reason"]
+    assert client.get(f"/jobs/{job['id']}").json()["spec"] == job["spec"]
+
+
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        ({"topology": {"num_machines": 0, "num_processes": 1}}, "topology.num_machines"),
+        ({"topology": {"num_machines": 1, "num_processes": -2}}, "topology.num_processes"),
+        ({"topology": {"num_machines": 64, "num_processes": 64}}, "topology"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": "many"}, "batch_size"),
+        ({"epochs": -1}, "epochs"),
+        ({"backend": "mpi"}, "backend"),
+        ({"lr": -0.5}, "lr"),
+        ({"unknown_field": True}, "unknown_field"),
+        ({"topology": {"machines": 2}}, "topology.machines"),
+        ({"trainer": "os.system('x')"}, "trainer"),
+        ({"name": "x" * 129}, "name"),
+    ],
+)
+def test_invalid_specs_get_422_naming_the_field(
+    client: httpx.Client, body: dict[str, Any], field: str
+) -> None:
+    response = client.post("/jobs", json=body)
+    assert response.status_code == 422
+    messages = [d["msg"] for d in response.json()["detail"]]
+    assert any(m.startswith(f"{field}: ") for m in messages), messages
+    assert client.get("/jobs").json()["count"] == 0
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b"null"])
+def test_bodies_that_are_not_a_spec_get_422(client: httpx.Client, content: bytes) -> None:
+    response = client.post("/jobs", content=content, headers={"content-type": "application/json"})
+    assert response.status_code == 422
+
+
+@pytest.mark.parametrize(
+    "method,path",
+    [("GET", "/jobs/999"), ("POST", "/jobs/999/cancel"), ("GET", "/jobs/999/metrics")],
+)
+def test_unknown_jobs_get_404(client: httpx.Client, method: str, path: str) -> None:
+    response = client.request(method, path)
+    assert response.status_code == 404
+    assert response.json()["detail"] == "job 999 not found"
+
+
+def test_a_job_id_that_is_not_a_number_gets_422(client: httpx.Client) -> None:
+    response = client.get("/jobs/abc")
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["msg"].startswith("job_id: ")
+
+
+def test_list_is_newest_first_with_filter_and_pages(client: httpx.Client) -> None:
+    ids = [submit(client, name=f"job{i}")["id"] for i in range(5)]
+    client.post(f"/jobs/{ids[1]}/cancel").raise_for_status()
+
+    listing = client.get("/jobs").json()
+    assert [j["id"] for j in listing["data"]] == ids[::-1]
+    assert listing["count"] == 5
+
+    page = client.get("/jobs", params={"limit": 2, "offset": 1}).json()
+    assert [j["id"] for j in page["data"]] == ids[::-1][1:3]
+    assert page["count"] == 5
+
+    cancelled = client.get("/jobs", params={"status": "cancelled"}).json()
+    assert [j["id"] for j in cancelled["data"]] == [ids[1]] and cancelled["count"] == 1
+
+
+@pytest.mark.parametrize(
+    "params,field",
+    [({"status": "sleeping"}, "status"), ({"limit": 0}, "limit"), ({"offset": -1}, "offset")],
+)
+def test_bad_list_parameters_get_422(
+    client: httpx.Client, params: dict[str, Any], field: str
+) -> None:
+    response = client.get("/jobs", params=params)
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["msg"].startswith(f"{field}: ")
+
+
+def test_cancelling_a_queued_job_ends_it_and_twice_is_a_conflict(client: httpx.Client) -> None:
+    job = submit(client)
+    cancelled = client.post(f"/jobs/{job['id']}/cancel").json()
+    assert cancelled["status"] == "cancelled"
+    assert cancelled["timing"]["finished_at"] is not None
+    again = client.post(f"/jobs/{job['id']}/cancel")
+    assert again.status_code == 409
+    assert again.json()["detail"] == f"job {job['id']} is already cancelled"
+
+
+def test_health(client: httpx.Client) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}

@@ -1,0 +1,204 @@
+"""Scheduling and the worker protocol, driven over HTTP by hand-played nodes
+so every state can be reached exactly."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.api.conftest import ProtocolNode, ThreadedServer, make_settings, wait_for
+
+
+def submit(client: httpx.Client, machines: int = 1, processes: int = 1, **spec: Any) -> int:
+    body = {"topology": {"num_machines": machines, "num_processes": processes}, **spec}
+    job_id: int = client.post("/jobs", json=body).raise_for_status().json()["id"]
+    return job_id
+
+
+def job(client: httpx.Client, job_id: int) -> dict[str, Any]:
+    result: dict[str, Any] = client.get(f"/jobs/{job_id}").raise_for_status().json()
+    return result
+
+
+def test_a_gang_starts_only_when_all_its_machines_can(client: httpx.Client) -> None:
+    a = ProtocolNode(client, "a")
+    job_id = submit(client, machines=2)
+    assert a.poll()["start"] == []
+    assert job(client, job_id)["status"] == "queued"
+    assert "1 of 1 live node(s) qualify" in job(client, job_id)["pending_reason"]
+
+    b = ProtocolNode(client, "b")
+    starts = a.poll()["start"] + b.poll()["start"]
+    assert sorted(s["machine_id"] for s in starts) == [0, 1]
+    assert {s["job_id"] for s in starts} == {job_id}
+    assert len({s["part_id"] for s in starts}) == 2
+
+    view = job(client, job_id)
+    assert view["status"] == "running" and view["attempt"] == 1
+    assert sorted(p["node_name"] for p in view["parts"]) == ["a", "b"]
+    machine0 = next(s for s in starts if s["machine_id"] == 0)
+    assert view["master_addr"] == machine0["master_addr"] == "127.0.0.1"
+    assert all(s["master_port"] == view["master_port"] for s in starts)
+
+
+def test_two_jobs_on_one_host_get_different_rendezvous_ports(client: httpx.Client) -> None:
+    ProtocolNode(client, "a", slots=2)
+    first, second = submit(client), submit(client)
+    ports = {job(client, first)["master_port"], job(client, second)["master_port"]}
+    assert len(ports) == 2
+
+
+def test_nccl_without_gpus_stays_queued_with_a_reason(client: httpx.Client) -> None:
+    cpu = ProtocolNode(client, "cpu")
+    job_id = submit(client, machines=1, processes=2, backend="nccl")
+    assert cpu.poll()["start"] == []
+    view = job(client, job_id)
+    assert view["status"] == "queued" and "2 GPU(s) for nccl" in view["pending_reason"]
+
+    gpu = ProtocolNode(client, "gpu", gpus=2)
+    assert [s["job_id"] for s in gpu.poll()["start"]] == [job_id]
+
+
+def test_a_long_poll_is_woken_by_a_new_job(tmp_path: Path) -> None:
+    # The poll waits up to 5 s; the job must reach it while it waits.
+    with ThreadedServer(make_settings(tmp_path, poll_wait_s=5.0)) as server, httpx.Client(
+        base_url=server.url, timeout=15
+    ) as client:
+        node = ProtocolNode(client, "a")
+        answers: list[dict[str, Any]] = []
+        poller = threading.Thread(target=lambda: answers.append(node.poll(wait_s=5.0)))
+        poller.start()
+        wait_for(lambda: client.get("/nodes").json()[0]["last_heartbeat_at"], what="the poll")
+        job_id = submit(client)
+        poller.join(10)
+        # Either the poll was already running when the job arrived (woken) or
+        # it saw the job straight away; both must hand it over in this poll.
+        assert [s["job_id"] for s in answers[0]["start"]] == [job_id]
+
+
+def test_cancel_stops_every_part_then_ends_cancelled(client: httpx.Client) -> None:
+    a, b = ProtocolNode(client, "a"), ProtocolNode(client, "b")
+    job_id = submit(client, machines=2)
+    parts = {n.name: n.poll()["start"][0]["part_id"] for n in (a, b)}
+
+    assert client.post(f"/jobs/{job_id}/cancel").json()["status"] == "cancelling"
+    assert a.poll([parts["a"]])["stop"] == [parts["a"]]
+    assert b.poll([parts["b"]])["stop"] == [parts["b"]]
+
+    a.finish(parts["a"], "cancelled").raise_for_status()
+    assert job(client, job_id)["status"] == "cancelling"  # b's ranks may still run
+    b.finish(parts["b"], "cancelled").raise_for_status()
+    view = job(client, job_id)
+    assert view["status"] == "cancelled"
+    assert {p["status"] for p in view["parts"]} == {"cancelled"}
+
+
+def test_a_failed_part_fails_the_job_and_stops_the_others(client: httpx.Client) -> None:
+    a, b = ProtocolNode(client, "a"), ProtocolNode(client, "b")
+    job_id = submit(client, machines=2)
+    parts = {n.name: n.poll()["start"][0] for n in (a, b)}
+    part_b = parts["b"]["part_id"]
+    failing_rank = parts["b"]["machine_id"]
+
+    b.finish(
+        part_b, "failed", exit_code=1, failing_rank=failing_rank, reason="rank_failed",
+        message=f"rank {failing_rank} raised", traceback_tail="ValueError: boom",
+    ).raise_for_status()
+    view = job(client, job_id)
+    assert view["status"] == "failed"
+    assert view["error"]["rank"] == failing_rank and view["error"]["node"] == "b"
+    assert view["error"]["traceback_tail"] == "ValueError: boom"
+    assert a.poll([parts["a"]["part_id"]])["stop"] == [parts["a"]["part_id"]]
+    # The node is free for the next job once its part has stopped.
+    a.finish(parts["a"]["part_id"], "cancelled").raise_for_status()
+    next_job = submit(client)
+    assert [s["job_id"] for s in a.poll()["start"]] == [next_job]
+
+
+def test_the_root_cause_wins_over_a_peer_that_lost_its_connection(client: httpx.Client) -> None:
+    a, b = ProtocolNode(client, "a"), ProtocolNode(client, "b")
+    job_id = submit(client, machines=2)
+    parts = {n.name: n.poll()["start"][0]["part_id"] for n in (a, b)}
+    a.finish(parts["a"], "failed", exit_code=1, failing_rank=0, reason="peer_failure",
+             message="rank 0 lost a peer").raise_for_status()
+    b.finish(parts["b"], "failed", exit_code=1, failing_rank=1, reason="rank_failed",
+             message="rank 1 raised", traceback_tail="KeyError").raise_for_status()
+    error = job(client, job_id)["error"]
+    assert (error["reason"], error["rank"]) == ("rank_failed", 1)
+
+
+def test_progress_is_kept_once_and_shown_on_the_job(client: httpx.Client) -> None:
+    a = ProtocolNode(client, "a")
+    job_id = submit(client, epochs=2)
+    part_id = a.poll()["start"][0]["part_id"]
+    client.post(f"/parts/{part_id}/started", json={"node_id": a.node_id}).raise_for_status()
+
+    def report(seq: int, epoch: int, batch: int, loss: float) -> dict[str, Any]:
+        return {"seq": seq, "epoch": epoch, "batch": batch, "batches_per_epoch": 10,
+                "loss": loss, "samples_per_sec": 500.0, "at": "2026-01-01T00:00:00Z"}
+
+    first = [report(0, 1, 1, 2.3), report(1, 1, 10, 1.5)]
+    for _ in range(2):  # a resend after a lost answer changes nothing
+        client.post(f"/parts/{part_id}/progress",
+                    json={"node_id": a.node_id, "reports": first}).raise_for_status()
+    client.post(f"/parts/{part_id}/progress",
+                json={"node_id": a.node_id, "reports": [report(2, 2, 5, 0.9)]}).raise_for_status()
+
+    progress = job(client, job_id)["progress"]
+    assert (progress["epoch"], progress["batch"], progress["percent"]) == (2, 5, 75.0)
+    assert progress["loss"] == 0.9
+    points = client.get(f"/jobs/{job_id}/metrics").json()["points"]
+    assert [(p["step"], p["loss"]) for p in points] == [(1, 2.3), (10, 1.5), (15, 0.9)]
+
+
+def test_a_node_cannot_report_for_another_nodes_part(client: httpx.Client) -> None:
+    a, b = ProtocolNode(client, "a"), ProtocolNode(client, "b")
+    job_id = submit(client)
+    owner_name = job(client, job_id)["parts"][0]["node_name"]
+    owner, other = (a, b) if owner_name == "a" else (b, a)
+    part_id = owner.poll()["start"][0]["part_id"]
+    for path, body in [
+        ("finish", {"status": "succeeded"}),
+        ("started", {}),
+        ("progress", {"reports": []}),
+    ]:
+        response = client.post(f"/parts/{part_id}/{path}", json={"node_id": other.node_id, **body})
+        assert response.status_code == 403
+        assert response.json()["detail"] == f"part {part_id} is not assigned to node {other.node_id}"
+    assert job(client, job_id)["parts"][0]["status"] == "assigned"
+
+
+def test_a_silent_node_is_lost_and_its_job_fails(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, heartbeat_timeout_s=1.0, poll_wait_s=0.2, sweep_interval_s=0.1)
+    with ThreadedServer(settings) as server, httpx.Client(base_url=server.url, timeout=10) as client:
+        a, b = ProtocolNode(client, "a"), ProtocolNode(client, "b")
+        job_id = submit(client, machines=2)
+        a_part = a.poll()["start"][0]["part_id"]
+        b.poll()
+
+        def b_lost_while_a_polls() -> bool:
+            a.poll([a_part])
+            return bool(job(client, job_id)["status"] == "failed")
+
+        wait_for(b_lost_while_a_polls, timeout_s=10, what="node b to be lost")
+        view = job(client, job_id)
+        assert view["error"]["reason"] == "node_lost" and view["error"]["node"] == "b"
+        nodes = {n["name"]: n["state"] for n in client.get("/nodes").json()}
+        assert nodes == {"a": "live", "b": "lost"}
+        assert a.poll([a_part])["stop"] == [a_part]
+        # It comes back: live again, and the lost part is not handed back.
+        assert b.poll()["start"] == []
+        assert {n["name"]: n["state"] for n in client.get("/nodes").json()}["b"] == "live"
+
+
+def test_a_restarted_worker_loses_what_it_ran(client: httpx.Client) -> None:
+    a = ProtocolNode(client, "a")
+    job_id = submit(client)
+    a.poll()
+    ProtocolNode(client, "a")  # same name registers again: its processes are gone
+    view = job(client, job_id)
+    assert view["status"] == "failed" and view["error"]["reason"] == "worker_restarted"
+    assert view["parts"][0]["status"] == "lost"

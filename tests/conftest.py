@@ -1,0 +1,30 @@
+"""Fixtures every kind of test may use."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+
+@pytest.fixture(scope="session")
+def mnist_dir() -> Path:
+    """The directory whose MNIST/raw holds the real MNIST files."""
+    candidates = [Path(os.environ["DDPO_DATA_DIR"])] if "DDPO_DATA_DIR" in os.environ else []
+    candidates += [REPO / "data", REPO.parent / "shared" / "data"]
+    for root in candidates:
+        if all((root / "MNIST" / "raw" / name).exists() for name in MNIST_FILES):
+            return root.resolve()
+    pytest.fail(
+        "MNIST files not found; set DDPO_DATA_DIR to a directory whose MNIST/raw holds "
+        f"{', '.join(MNIST_FILES)} (looked in {', '.join(map(str, candidates))})"
+    )

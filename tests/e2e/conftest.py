@@ -1,0 +1,100 @@
+"""A real server (uvicorn, in its own process, on a free loopback port) and
+real worker daemons, shared by the end-to-end tests; always torn down."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from cli.cluster import LocalCluster
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.e2e
+
+# Small enough to keep the suite quick, long enough for several progress reports.
+SMOKE_STEPS = 20
+
+
+@pytest.fixture(scope="session")
+def cluster(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Two single-slot worker nodes that also offer the tests' crash trainer."""
+    with LocalCluster(
+        state_dir=tmp_path_factory.mktemp("cluster"),
+        data_dir=mnist_dir,
+        workers=2,
+        extra_env={"PYTHONPATH": str(REPO)},
+        worker_args=["--trainer", "crash=tests.e2e.trainers:CRASH"],
+    ) as running:
+        yield running
+
+
+class Jobs:
+    def __init__(self, client: httpx.Client) -> None:
+        self.client = client
+
+    def submit(self, machines: int = 1, processes: int = 1, **spec: Any) -> int:
+        body = {"topology": {"num_machines": machines, "num_processes": processes}, **spec}
+        response = self.client.post("/jobs", json=body)
+        assert response.status_code == 201, response.text
+        job_id: int = response.json()["id"]
+        return job_id
+
+    def get(self, job_id: int) -> dict[str, Any]:
+        job: dict[str, Any] = self.client.get(f"/jobs/{job_id}").raise_for_status().json()
+        return job
+
+    def wait(
+        self, job_id: int, until: Callable[[dict[str, Any]], bool], timeout_s: float, what: str
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.get(job_id)
+            if until(job):
+                return job
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id}: timed out waiting for {what}; last: {job}")
+            time.sleep(0.2)
+
+    def wait_done(self, job_id: int, timeout_s: float = 180) -> dict[str, Any]:
+        return self.wait(job_id, lambda j: j["status"] in ("succeeded", "failed", "cancelled"),
+                         timeout_s, "the job to end")
+
+
+@pytest.fixture
+def jobs(cluster: LocalCluster) -> Iterator[Jobs]:
+    with httpx.Client(base_url=cluster.url, timeout=30) as client:
+        yield Jobs(client)
+    # Leave the nodes idle for the next test whatever happened in this one.
+    with httpx.Client(base_url=cluster.url, timeout=30) as client:
+        for job in client.get("/jobs", params={"limit": 500}).json()["data"]:
+            if job["status"] in ("queued", "running"):
+                client.post(f"/jobs/{job['id']}/cancel")
+        deadline = time.monotonic() + 30
+        while any(n["parts"] for n in client.get("/nodes").json()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def rank_processes(cluster: LocalCluster) -> list[psutil.Process]:
+    """Every process below the worker daemons: launchers and their ranks."""
+    found: list[psutil.Process] = []
+    for worker in cluster.worker_processes:
+        found += psutil.Process(worker.process.pid).children(recursive=True)
+    return found
+
+
+def still_running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Those not yet exited (a zombie has exited; reaping it is init's job)."""
+    running = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                running.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return running

@@ -1,0 +1,107 @@
+"""Jobs posted to a real server, trained by real workers with mp.spawn and
+real torch.distributed process groups on the real MNIST files."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from cli.cluster import LocalCluster
+from tests.e2e.conftest import SMOKE_STEPS, Jobs, rank_processes, still_running
+
+
+def assert_trained(jobs: Jobs, job: dict[str, Any]) -> None:
+    assert job["status"] == "succeeded", job
+    # Progress came from rank 0 and reached the end.
+    progress = job["progress"]
+    assert progress["batch"] == progress["batches_per_epoch"] == SMOKE_STEPS
+    assert progress["percent"] == 100.0
+    points = jobs.client.get(f"/jobs/{job['id']}/metrics").json()["points"]
+    assert len(points) >= 3
+    assert points[-1]["loss"] < points[0]["loss"], "the loss did not fall"
+    assert all(p["samples_per_sec"] > 0 for p in points)
+    # Timing is filled in and adds up.
+    timing = job["timing"]
+    for key in ("created_at", "started_at", "finished_at", "queued_seconds",
+                "running_seconds", "training_seconds", "setup_seconds", "eval_seconds"):
+        assert timing[key] is not None, key
+    assert 0 < timing["training_seconds"] < timing["running_seconds"]
+    # Rank 0 measured the test set.
+    assert 0.1 < job["result"]["test_accuracy"] <= 1.0
+    assert job["error"] is None
+
+
+def test_two_machines_one_process_each(jobs: Jobs) -> None:
+    job_id = jobs.submit(machines=2, processes=1, batch_size=64, max_steps_per_epoch=SMOKE_STEPS)
+    job = jobs.wait_done(job_id)
+    assert_trained(jobs, job)
+    parts = job["parts"]
+    assert sorted(p["machine_id"] for p in parts) == [0, 1]
+    assert len({p["node_name"] for p in parts}) == 2, "both machine ids ran on one node"
+    assert {p["status"] for p in parts} == {"succeeded"}
+    assert job["world_size"] == 2
+
+
+def test_one_machine_two_processes(jobs: Jobs) -> None:
+    job_id = jobs.submit(machines=1, processes=2, batch_size=64, max_steps_per_epoch=SMOKE_STEPS)
+    job = jobs.wait_done(job_id)
+    assert_trained(jobs, job)
+    assert [p["machine_id"] for p in job["parts"]] == [0]
+    assert job["world_size"] == 2
+
+
+def test_cancel_stops_every_rank_on_every_node(jobs: Jobs, cluster: LocalCluster) -> None:
+    job_id = jobs.submit(machines=2, processes=1)  # a whole epoch: far longer than the test
+    jobs.wait(job_id, lambda j: j["progress"] is not None, 120, "training to report progress")
+    ranks = rank_processes(cluster)
+    # Per node: the launcher and one rank.
+    assert len(ranks) >= 4, ranks
+
+    jobs.client.post(f"/jobs/{job_id}/cancel").raise_for_status()
+    job = jobs.wait(job_id, lambda j: j["status"] == "cancelled", 10, "cancelled within 10 s")
+    assert still_running(ranks) == [], "ranks still running after the job was cancelled"
+    assert {p["status"] for p in job["parts"]} == {"cancelled"}
+
+
+def test_a_rank_that_raises_fails_the_job_and_workers_carry_on(jobs: Jobs) -> None:
+    job_id = jobs.submit(machines=2, processes=1, trainer="crash")
+    job = jobs.wait_done(job_id, timeout_s=120)
+    assert job["status"] == "failed"
+    error = job["error"]
+    assert error["rank"] == 1 and error["machine_id"] == 1
+    assert error["reason"] == "rank_failed"
+    assert "ValueError: injected failure on rank 1" in error["traceback_tail"]
+    assert all(p["status"] in ("failed", "cancelled") for p in job["parts"])
+
+    # Both nodes take the next job.
+    next_id = jobs.submit(machines=2, processes=1, max_steps_per_epoch=5)
+    assert jobs.wait_done(next_id)["status"] == "succeeded"
+
+
+def test_three_jobs_at_once_on_two_single_slot_nodes(jobs: Jobs) -> None:
+    shapes = [2, 1, 2]  # machines per job
+    ids = [jobs.submit(machines=m, max_steps_per_epoch=5) for m in shapes]
+    done = [jobs.wait_done(job_id, timeout_s=240) for job_id in ids]
+    assert [j["status"] for j in done] == ["succeeded"] * 3
+
+    intervals: dict[str, list[tuple[str, str, int]]] = {}
+    for job, machines in zip(done, shapes):
+        assert job["attempt"] == 1
+        assert len(job["parts"]) == machines
+        assert len({p["node_name"] for p in job["parts"]}) == machines
+        for part in job["parts"]:
+            intervals.setdefault(part["node_name"], []).append(
+                (part["assigned_at"], part["finished_at"], job["id"])
+            )
+    # A single-slot node never ran two parts at once.
+    for node, spans in intervals.items():
+        spans.sort()
+        for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+            assert end <= start, f"{node} ran jobs {first} and {second} at once"
+
+
+def test_nodes_show_what_they_run(jobs: Jobs, cluster: LocalCluster) -> None:
+    with httpx.Client(base_url=cluster.url) as client:
+        nodes = client.get("/nodes").json()
+    assert sorted(n["name"] for n in nodes) == ["node-0", "node-1"]
+    assert all(n["state"] == "live" and "crash" in n["trainers"] for n in nodes)

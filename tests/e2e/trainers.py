@@ -1,0 +1,23 @@
+"""Trainers the end-to-end tests install on their workers (the way an
+operator would: ``--trainer name=module:attribute``)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from api.schemas import TrainResult
+from worker.context import TrainContext
+from worker.trainers import Trainer
+
+
+def _last_rank_raises(ctx: TrainContext) -> TrainResult | None:
+    dist.all_reduce(torch.ones(1))  # every rank has joined
+    if ctx.rank == ctx.world_size - 1:
+        raise ValueError(f"injected failure on rank {ctx.rank}")
+    # The others are inside a collective when it dies, as in real training.
+    dist.all_reduce(torch.ones(1))
+    return None
+
+
+CRASH = Trainer(train=_last_rank_raises)

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from api.scheduling import NodeCapacity, Pending, Placement, pick_port, place_gang, plan
+from api.schemas import JobSpec
+
+
+def node(node_id: int, free: int = 1, gpus: int = 0, trainers: tuple[str, ...] = ("mnist",)) -> NodeCapacity:
+    return NodeCapacity(node_id, f"n{node_id}", free, gpus, frozenset(trainers))
+
+
+def spec(machines: int = 1, processes: int = 1, **kw: object) -> JobSpec:
+    return JobSpec.model_validate(
+        {"topology": {"num_machines": machines, "num_processes": processes}, **kw}
+    )
+
+
+def test_a_gang_gets_distinct_nodes_one_per_machine_id() -> None:
+    decision = place_gang(spec(3), [node(1), node(2), node(3), node(4)])
+    assert isinstance(decision, Placement)
+    assert len(decision.node_ids) == 3 == len(set(decision.node_ids))
+
+
+def test_never_a_partial_start() -> None:
+    decision = place_gang(spec(3), [node(1), node(2), node(3, free=0)])
+    assert isinstance(decision, Pending)
+    assert decision.waiting_for_slots
+    assert "2 of 3" in decision.reason
+
+
+def test_one_node_is_never_given_two_machine_ids_of_a_job() -> None:
+    decision = place_gang(spec(2), [node(1, free=4)])
+    assert isinstance(decision, Pending)
+    assert not decision.waiting_for_slots
+
+
+def test_the_emptiest_nodes_are_used_first() -> None:
+    decision = place_gang(spec(2), [node(1, free=1), node(2, free=3), node(3, free=2)])
+    assert decision == Placement((2, 3))
+
+
+def test_nccl_needs_a_gpu_per_process_on_every_node() -> None:
+    decision = place_gang(spec(2, 2, backend="nccl"), [node(1, gpus=2), node(2, gpus=1)])
+    assert isinstance(decision, Pending)
+    assert "GPU" in decision.reason and not decision.waiting_for_slots
+    assert place_gang(spec(2, 2, backend="nccl"), [node(1, gpus=2), node(2, gpus=4)]) == Placement((1, 2))
+
+
+def test_nodes_without_the_trainer_are_not_used() -> None:
+    decision = place_gang(spec(1, trainer="resnet"), [node(1)])
+    assert isinstance(decision, Pending) and "resnet" in decision.reason
+    assert place_gang(spec(1, trainer="resnet"), [node(1), node(2, trainers=("resnet",))]) == Placement((2,))
+
+
+def test_plan_fills_nodes_in_queue_order_and_counts_slots_it_used() -> None:
+    decisions = plan([(1, spec(2)), (2, spec(1)), (3, spec(1))], [node(1), node(2), node(3)])
+    assert isinstance(decisions[1], Placement) and isinstance(decisions[2], Placement)
+    assert isinstance(decisions[3], Pending)
+    used = list(decisions[1].node_ids) + list(decisions[2].node_ids)
+    assert sorted(used) == [1, 2, 3]
+
+
+def test_jobs_behind_a_waiting_job_wait_too() -> None:
+    """A big job next in line is not starved by small ones slipping past it."""
+    decisions = plan([(1, spec(2)), (2, spec(1))], [node(1), node(2, free=0)])
+    assert isinstance(decisions[1], Pending)
+    assert decisions[2] == Pending("queued behind job 1", waiting_for_slots=True)
+
+
+def test_a_job_no_node_could_ever_run_does_not_block_the_queue() -> None:
+    decisions = plan([(1, spec(1, backend="nccl")), (2, spec(1))], [node(1)])
+    assert isinstance(decisions[1], Pending)
+    assert decisions[2] == Placement((1,))
+
+
+def test_ports_in_use_on_the_host_are_skipped() -> None:
+    assert pick_port({29500, 29501}, 29500, 29510, hint=0) == 29502
+    assert pick_port(set(), 29500, 29510, hint=13) == 29502  # spread by job id, wrapping
+    assert pick_port({29500, 29501}, 29500, 29501, hint=0) is None
