@@ -58,7 +58,9 @@ class JobSpec(_Strict):
     batch_size: int = Field(128, ge=1, le=65536, description="Per process")
     epochs: int = Field(1, ge=1, le=1000)
     lr: float = Field(0.5, gt=0, le=1000, allow_inf_nan=False)
-    seed: int = Field(1, ge=0, le=2**32 - 1)
+    seed: int = Field(
+        0, ge=0, le=2**32 - 1, description="Model init and shuffling (0: DistributedSampler's own default)"
+    )
     max_steps_per_epoch: int | None = Field(
         None, ge=1, le=10_000_000, description="Cut each epoch short (smoke runs)"
     )

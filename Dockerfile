@@ -1,0 +1,11 @@
+# One image for the server and the workers (CPU; for NCCL nodes start from a
+# CUDA base image and install the CUDA build of torch).
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY api api
+COPY worker worker
+COPY db db
+COPY cli cli
+RUN pip install --no-cache-dir .
+WORKDIR /var/lib/ddpo
