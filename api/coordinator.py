@@ -7,6 +7,7 @@ placement decisions through api.scheduling.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
@@ -22,7 +23,7 @@ from api.lifecycle import (
     move_part,
     settle_job,
 )
-from api.scheduling import NodeCapacity, Pending, Placement, pick_port, plan
+from api.scheduling import NodeCapacity, Pending, Placement, plan
 from api.schemas import (
     Assignment,
     JobError,
@@ -31,11 +32,13 @@ from api.schemas import (
     PartFinished,
     PollResponse,
     ProgressBatch,
+    Rendezvous,
+    RendezvousBound,
 )
 from api.settings import ServerSettings
 from db import queries
 from db.engine import Database
-from db.models import Job, Node, Part, ProgressRow, utcnow
+from db.models import Attempt, Job, Node, Part, ProgressRow, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,7 @@ class Coordinator:
     def __init__(self, db: Database, settings: ServerSettings) -> None:
         self.db = db
         self.settings = settings
+        self._started = time.monotonic()
 
     # --- jobs -----------------------------------------------------------------
 
@@ -121,10 +125,18 @@ class Coordinator:
 
             mine = queries.active_parts_on_nodes(session=session, node_ids=[node_id])
             reported = set(active_part_ids)
+            attempts = queries.get_attempts(session=session, attempt_ids=[p.attempt_id for p in mine])
             start = [
-                _assignment(session, p)
+                _assignment(session, p, attempts[p.attempt_id])
                 for p in mine
                 if p.status == PartStatus.ASSIGNED.value and p.id not in reported
+            ]
+            rendezvous = [
+                Rendezvous(part_id=p.id, master_port=port)
+                for p in mine
+                if p.id is not None
+                and p.machine_id > 0
+                and (port := attempts[p.attempt_id].master_port) is not None
             ]
             # Stop what the node runs but should not: parts asked to stop, and
             # parts the server has already settled (or never gave this node).
@@ -138,10 +150,15 @@ class Coordinator:
                     or part.status not in (PartStatus.ASSIGNED.value, PartStatus.RUNNING.value)
                 ):
                     stop.add(part_id)
-            return PollResponse(start=start, stop=sorted(x for x in stop if x is not None))
+            return PollResponse(
+                start=start, stop=sorted(x for x in stop if x is not None), rendezvous=rendezvous
+            )
 
     def sweep_lost_nodes(self) -> bool:
         """Mark nodes that stopped heartbeating as lost, and their parts with them."""
+        if time.monotonic() - self._started < self.settings.heartbeat_timeout_s:
+            # Just (re)started: nodes have not had a chance to reach us yet.
+            return False
         now = utcnow()
         cutoff = now - timedelta(seconds=self.settings.heartbeat_timeout_s)
         with self.db.write() as session:
@@ -170,6 +187,23 @@ class Coordinator:
                 return False
             part.status = move_part(PartStatus(part.status), PartStatus.RUNNING).value
             part.started_at = utcnow()
+            return True
+
+    def record_rendezvous(self, part_id: int, report: RendezvousBound) -> bool:
+        """Machine 0's launcher bound the job's rendezvous store on this port;
+        the other machines learn it from their next poll."""
+        with self.db.write() as session:
+            part = _owned_part(session, part_id, report.node_id)
+            if part.machine_id != 0:
+                raise HTTPException(409, f"part {part_id} is machine {part.machine_id}; only machine 0 hosts the rendezvous")
+            attempt = queries.get_attempt(session=session, attempt_id=part.attempt_id)
+            assert attempt is not None
+            if attempt.master_port is not None and attempt.master_port != report.master_port:
+                raise HTTPException(409, f"attempt {attempt.id} already rendezvous at port {attempt.master_port}")
+            if not _is_current(session, part) or PartStatus(part.status).is_terminal():
+                return False
+            attempt.master_port = report.master_port
+            log.info("job %d attempt %d: rendezvous at %s:%d", part.job_id, attempt.number, attempt.master_addr, report.master_port)
             return True
 
     def record_progress(self, part_id: int, batch: ProgressBatch) -> bool:
@@ -287,23 +321,9 @@ class Coordinator:
 
     def _start(self, session: Session, job: Job, nodes: list[Node], now: datetime) -> None:
         assert job.id is not None
-        master = nodes[0].address
-        port = pick_port(
-            queries.ports_in_use(session=session, master_addr=master),
-            self.settings.rendezvous_port_first,
-            self.settings.rendezvous_port_last,
-            hint=job.id,
-        )
-        if port is None:
-            job.pending_reason = f"no free rendezvous port on {master}"
-            return
         job.attempt_count += 1
         attempt = queries.insert_attempt(
-            session=session,
-            job_id=job.id,
-            number=job.attempt_count,
-            master_addr=master,
-            master_port=port,
+            session=session, job_id=job.id, number=job.attempt_count, master_addr=nodes[0].address
         )
         assert attempt.id is not None
         for machine_id, node in enumerate(nodes):
@@ -319,8 +339,8 @@ class Coordinator:
         job.progress_seq = None
         _set_job_status(session, job, JobStatus.RUNNING, now)
         log.info(
-            "job %d attempt %d placed on %s, rendezvous %s:%d",
-            job.id, attempt.number, ", ".join(n.name for n in nodes), master, port,
+            "job %d attempt %d placed on %s",
+            job.id, attempt.number, ", ".join(n.name for n in nodes),
         )
 
 
@@ -356,10 +376,9 @@ def _may_explain(job: Job, report: PartFinished) -> bool:
     return job.error.get("reason") == "peer_failure" and report.reason != "peer_failure"
 
 
-def _assignment(session: Session, part: Part) -> Assignment:
+def _assignment(session: Session, part: Part, attempt: Attempt) -> Assignment:
     job = queries.get_job(session=session, job_id=part.job_id)
-    attempt = queries.get_attempt(session=session, attempt_id=part.attempt_id)
-    assert job is not None and attempt is not None and part.id is not None
+    assert job is not None and part.id is not None
     return Assignment(
         part_id=part.id,
         job_id=part.job_id,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 
 from api.coordinator import Coordinator
 from api.notifier import Notifier
+from api.schemas import DB_INT_MAX
 from api.settings import ServerSettings
 from db.engine import Database
 
@@ -36,3 +37,7 @@ CoordinatorDep = Annotated[Coordinator, Depends(get_coordinator)]
 DatabaseDep = Annotated[Database, Depends(get_db)]
 NotifierDep = Annotated[Notifier, Depends(get_notifier)]
 SettingsDep = Annotated[ServerSettings, Depends(get_settings)]
+
+JobId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]
+NodeId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]
+PartId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]

@@ -1,4 +1,4 @@
-"""Gang placement and rendezvous ports: pure decisions, no I/O.
+"""Gang placement: pure decisions, no I/O.
 
 The coordinator reads the queue and the nodes inside one write transaction,
 asks :func:`plan` what to start, and writes the answer in that same
@@ -101,17 +101,3 @@ def plan(
             head = job_id
         decisions[job_id] = decision
     return decisions
-
-
-def pick_port(in_use: set[int], first: int, last: int, hint: int) -> int | None:
-    """A port in [first, last] not used by another live attempt on the host.
-
-    Starting from ``hint`` (the job id) spreads jobs over the range, so a port
-    just released is not reused at once while the old sockets drain.
-    """
-    size = last - first + 1
-    for offset in range(size):
-        port = first + (hint + offset) % size
-        if port not in in_use:
-            return port
-    return None

@@ -7,7 +7,7 @@ import FastAPI or the database), so it depends on pydantic alone.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -16,6 +16,11 @@ from api.lifecycle import JobStatus, NodeState, PartStatus
 # A job spec is data with bounds: nothing in it is executed or used as a path.
 MAX_WORLD_SIZE = 256
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+# Every integer that reaches the database fits its 64-bit columns.
+DB_INT_MAX = 2**63 - 1
+Id = Annotated[int, Field(ge=1, le=DB_INT_MAX)]
+Count = Annotated[int, Field(ge=0, le=DB_INT_MAX)]
+ExitCode = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 
 
 class _Strict(BaseModel):
@@ -72,12 +77,12 @@ class JobSpec(_Strict):
 class ProgressReport(_Strict):
     """One report from rank 0. ``seq`` makes a resent report harmless."""
 
-    seq: int = Field(ge=0)
-    epoch: int = Field(ge=1)
-    batch: int = Field(ge=0, description="Batches done in this epoch")
-    batches_per_epoch: int = Field(ge=1)
-    loss: float | None = Field(None, allow_inf_nan=True)
-    samples_per_sec: float | None = Field(None, ge=0)
+    seq: Count
+    epoch: int = Field(ge=1, le=DB_INT_MAX)
+    batch: int = Field(ge=0, le=DB_INT_MAX, description="Batches done in this epoch")
+    batches_per_epoch: int = Field(ge=1, le=DB_INT_MAX)
+    loss: float | None = Field(None, description="Non-finite (diverged) losses read as null")
+    samples_per_sec: float | None = Field(None, ge=0, allow_inf_nan=False)
     at: datetime
 
 
@@ -218,7 +223,7 @@ class NodeRegistered(BaseModel):
 
 
 class PollRequest(_Strict):
-    active_part_ids: list[int] = Field(
+    active_part_ids: list[Id] = Field(
         default_factory=list, max_length=1024, description="Parts with processes on this node"
     )
     wait_s: float = Field(0, ge=0, le=30, description="Long-poll: wait this long for news")
@@ -233,32 +238,51 @@ class Assignment(BaseModel):
     machine_id: int
     spec: JobSpec
     master_addr: str
-    master_port: int
+    master_port: int | None = Field(
+        None,
+        description="Known once machine 0's launcher has bound the rendezvous store; "
+        "until then it arrives later, in a poll's `rendezvous`",
+    )
 
     @property
     def world_size(self) -> int:
         return self.spec.topology.world_size
 
 
+class Rendezvous(BaseModel):
+    part_id: int
+    master_port: int
+
+
 class PollResponse(BaseModel):
     start: list[Assignment]
     stop: list[int] = Field(description="Part ids whose processes must be stopped")
+    rendezvous: list[Rendezvous] = Field(
+        default_factory=list, description="Rendezvous ports for parts of this node"
+    )
 
 
 class PartStarted(_Strict):
-    node_id: int
+    node_id: Id
+
+
+class RendezvousBound(_Strict):
+    """Machine 0's launcher listens for the job's ranks on this port."""
+
+    node_id: Id
+    master_port: int = Field(ge=1, le=65535)
 
 
 class ProgressBatch(_Strict):
-    node_id: int
+    node_id: Id
     reports: list[ProgressReport] = Field(max_length=10_000)
 
 
 class PartFinished(_Strict):
-    node_id: int
+    node_id: Id
     status: Literal["succeeded", "failed", "cancelled"]
-    exit_code: int | None = None
-    failing_rank: int | None = None
+    exit_code: ExitCode | None = None
+    failing_rank: int | None = Field(None, ge=0, le=MAX_WORLD_SIZE)
     reason: str | None = Field(None, max_length=64)
     message: str | None = Field(None, max_length=2000)
     traceback_tail: str | None = Field(None, max_length=20_000)

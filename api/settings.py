@@ -23,15 +23,11 @@ class ServerSettings(BaseSettings):
         2.0, ge=0, description="Longest a worker's poll is held open waiting for news"
     )
     sweep_interval_s: float = Field(1.0, gt=0, description="How often lost nodes are looked for")
-    rendezvous_port_first: int = Field(29500, ge=1024, le=65535)
-    rendezvous_port_last: int = Field(29999, ge=1024, le=65535)
     max_page_size: int = Field(500, ge=1)
     log_level: str = "info"
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
-        if self.rendezvous_port_last < self.rendezvous_port_first:
-            raise ValueError("DDPO_RENDEZVOUS_PORT_LAST must not be below DDPO_RENDEZVOUS_PORT_FIRST")
         if self.poll_wait_s >= self.heartbeat_timeout_s:
             raise ValueError("DDPO_POLL_WAIT_S must be shorter than DDPO_HEARTBEAT_TIMEOUT_S")
         return self

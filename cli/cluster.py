@@ -62,6 +62,9 @@ def _spawn(
         stdin=subprocess.DEVNULL,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
         cwd=cwd,
+        # Out of the terminal's process group: Ctrl-C reaches only the CLI,
+        # which cancels its job and then stops these in order.
+        start_new_session=True,
     )
     return ManagedProcess(name, process, log_path, log)
 

@@ -75,7 +75,9 @@ class Attempt(SQLModel, table=True):
     job_id: int = Field(foreign_key="job.id", index=True)
     number: int
     master_addr: str
-    master_port: int
+    # Chosen by machine 0's launcher when it binds the rendezvous store (the
+    # host knows which of its ports are free; the server cannot).
+    master_port: int | None = None
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 

@@ -64,12 +64,8 @@ def queued_jobs(*, session: Session) -> list[Job]:
 # --- attempts and parts -------------------------------------------------------
 
 
-def insert_attempt(
-    *, session: Session, job_id: int, number: int, master_addr: str, master_port: int
-) -> Attempt:
-    attempt = Attempt(
-        job_id=job_id, number=number, master_addr=master_addr, master_port=master_port
-    )
+def insert_attempt(*, session: Session, job_id: int, number: int, master_addr: str) -> Attempt:
+    attempt = Attempt(job_id=job_id, number=number, master_addr=master_addr)
     session.add(attempt)
     session.flush()
     return attempt
@@ -144,20 +140,6 @@ def active_part_counts(*, session: Session) -> dict[int, int]:
         .group_by(col(Part.node_id))
     )
     return {node_id: int(count) for node_id, count in session.exec(statement).all()}
-
-
-def ports_in_use(*, session: Session, master_addr: str) -> set[int]:
-    """Rendezvous ports of attempts on this address that may still have processes."""
-    statement = (
-        select(Attempt.master_port)
-        .join(Part, col(Part.attempt_id) == col(Attempt.id))
-        .where(
-            Attempt.master_addr == master_addr,
-            col(Part.status).in_(ACTIVE_PART_STATUSES),
-        )
-        .distinct()
-    )
-    return set(session.exec(statement).all())
 
 
 # --- nodes --------------------------------------------------------------------

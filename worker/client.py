@@ -14,6 +14,7 @@ from api.schemas import (
     PollResponse,
     ProgressBatch,
     ProgressReport,
+    RendezvousBound,
 )
 
 
@@ -77,6 +78,10 @@ class ServerClient:
     def started(self, part_id: int, node_id: int) -> bool:
         ack = Ack.model_validate(self._post(f"/parts/{part_id}/started", PartStarted(node_id=node_id)))
         return ack.accepted
+
+    def rendezvous(self, part_id: int, node_id: int, master_port: int) -> bool:
+        body = RendezvousBound(node_id=node_id, master_port=master_port)
+        return Ack.model_validate(self._post(f"/parts/{part_id}/rendezvous", body)).accepted
 
     def progress(self, part_id: int, node_id: int, reports: list[ProgressReport]) -> bool:
         body = ProgressBatch(node_id=node_id, reports=reports)

@@ -149,6 +149,10 @@ class Worker:
             self._start(assignment)
         for part_id in response.stop:
             self._stop(part_id)
+        for rendezvous in response.rendezvous:
+            part = self.parts.get(rendezvous.part_id)
+            if part is not None:
+                part.learn_port(rendezvous.master_port)
         self._tend_parts()
 
     def _start(self, assignment: Assignment) -> None:
@@ -156,9 +160,9 @@ class Worker:
         if assignment.part_id in self.parts:
             return
         log.info(
-            "starting job %d machine %d (part %d): %d process(es), rendezvous %s:%d",
+            "starting job %d machine %d (part %d): %d process(es), rendezvous at %s:%s",
             assignment.job_id, assignment.machine_id, assignment.part_id,
-            assignment.spec.topology.num_processes, assignment.master_addr, assignment.master_port,
+            assignment.spec.topology.num_processes, assignment.master_addr, assignment.master_port or "(port to come)",
         )
         try:
             part = PartProcess.launch(assignment, self.settings)
@@ -209,6 +213,8 @@ class Worker:
         assert self.node_id is not None
         for part_id, part in list(self.parts.items()):
             part.enforce_stop(self.settings.stop_grace_s)
+            if part.assignment.machine_id == 0 and not part.rendezvous_known:
+                self._publish_port(part_id, part)
             ended = part.has_ended()
             part.unsent.extend(part.progress.read_new())
             if part.unsent and not self._ship_progress(part_id, part):
@@ -221,6 +227,20 @@ class Worker:
                         part_id, part.assignment.job_id, part.assignment.machine_id, report.status,
                     )
                     del self.parts[part_id]
+
+    def _publish_port(self, part_id: int, part: PartProcess) -> None:
+        assert self.node_id is not None
+        port = part.bound_port()
+        if port is None:
+            return
+        try:
+            self.client.rendezvous(part_id, self.node_id, port)
+        except ServerUnavailable as exc:
+            self._server_unavailable(exc)
+            return
+        except Refused as exc:
+            log.warning("rendezvous of part %d refused: %s", part_id, exc)
+        part.rendezvous_known = True
 
     def _ship_progress(self, part_id: int, part: PartProcess) -> bool:
         assert self.node_id is not None

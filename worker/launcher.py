@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from worker import runfiles, trainers
 from worker._process import die_with_parent
@@ -35,6 +38,44 @@ def _tail(text: str) -> str:
     return text[-TRACEBACK_TAIL_CHARS:].strip()
 
 
+class RendezvousTimeout(RuntimeError):
+    pass
+
+
+def host_store(config: runfiles.LaunchConfig) -> tuple[Any, int]:
+    """Machine 0: bind the job's TCPStore on a port the OS picks (so it is
+    free on this host, whatever else runs here) and publish the port.
+
+    The launcher hosts it, like torchrun's agent: every rank joins as a
+    client (TORCHELASTIC_USE_AGENT_STORE), so rank 0 need not bind anything.
+    """
+    from torch.distributed import TCPStore
+
+    store = TCPStore(
+        host_name=config.assignment.master_addr,
+        port=0,
+        world_size=None,
+        is_master=True,
+        timeout=timedelta(seconds=config.process_group_timeout_s),
+        wait_for_workers=False,
+    )
+    runfiles.write_rendezvous(config.run_dir, store.port)
+    return store, store.port
+
+
+def await_port(config: runfiles.LaunchConfig, poll_s: float = 0.05) -> int:
+    """Other machines: the daemon writes the port once the server has it."""
+    deadline = time.monotonic() + config.process_group_timeout_s
+    while (port := runfiles.read_rendezvous(config.run_dir)) is None:
+        if time.monotonic() > deadline:
+            raise RendezvousTimeout(
+                f"machine 0 did not publish a rendezvous port within "
+                f"{config.process_group_timeout_s:.0f} s"
+            )
+        time.sleep(poll_s)
+    return port
+
+
 def launch(config: runfiles.LaunchConfig) -> runfiles.Outcome:
     assignment = config.assignment
     processes = config.local_processes
@@ -55,9 +96,25 @@ def launch(config: runfiles.LaunchConfig) -> runfiles.Outcome:
 
     from worker.rank import run_rank
 
+    try:
+        if assignment.machine_id == 0:
+            # The store lives as long as this frame, that is until the ranks exit.
+            store, port = host_store(config)
+        else:
+            store, port = None, await_port(config)
+    except Exception as exc:
+        return runfiles.Outcome(
+            status="failed",
+            reason="rendezvous_failed",
+            message=f"machine {assignment.machine_id} could not rendezvous: {exc}",
+            exit_code=1,
+            traceback_tail=_tail(traceback.format_exc()),
+        )
+
     first_rank = assignment.machine_id * processes
     try:
-        mp.spawn(run_rank, args=(config, os.getpid()), nprocs=processes, join=True)
+        assert store is not None or assignment.machine_id > 0
+        mp.spawn(run_rank, args=(config, os.getpid(), port), nprocs=processes, join=True)
     except mp.ProcessRaisedException as exc:
         rank = first_rank + exc.error_index
         reason = _classify(exc.msg)

@@ -37,6 +37,7 @@ class PartProcess:
     unsent: list[ProgressReport] = field(default_factory=list)
     stop_requested_at: float | None = None
     killed: bool = False
+    rendezvous_known: bool = False
 
     @classmethod
     def launch(cls, assignment: Assignment, settings: WorkerSettings) -> PartProcess:
@@ -50,6 +51,9 @@ class PartProcess:
             parent_pid=os.getpid(),
         )
         runfiles.write_launch(config)
+        known = assignment.master_port is not None and assignment.machine_id > 0
+        if known:
+            runfiles.write_rendezvous(run_dir, assignment.master_port)
         with open(run_dir / runfiles.OUTPUT, "ab") as output:
             process = subprocess.Popen(
                 [sys.executable, "-m", "worker.launcher", str(run_dir)],
@@ -60,7 +64,19 @@ class PartProcess:
                 start_new_session=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
-        return cls(assignment, run_dir, process, runfiles.ProgressReader(run_dir))
+        return cls(
+            assignment, run_dir, process, runfiles.ProgressReader(run_dir), rendezvous_known=known
+        )
+
+    def bound_port(self) -> int | None:
+        """Machine 0: the port its launcher bound, once it has."""
+        return runfiles.read_rendezvous(self.run_dir)
+
+    def learn_port(self, master_port: int) -> None:
+        """Other machines: hand the launcher the port it waits for."""
+        if not self.rendezvous_known:
+            runfiles.write_rendezvous(self.run_dir, master_port)
+            self.rendezvous_known = True
 
     @property
     def pgid(self) -> int:

@@ -15,7 +15,9 @@ from worker._process import die_with_parent
 from worker.context import TrainContext
 
 
-def run_rank(local_rank: int, config: runfiles.LaunchConfig, launcher_pid: int) -> None:
+def run_rank(
+    local_rank: int, config: runfiles.LaunchConfig, launcher_pid: int, master_port: int
+) -> None:
     """The function ``mp.spawn`` runs in each process of this machine."""
     started_at = perf_counter()
     die_with_parent(launcher_pid)
@@ -25,7 +27,9 @@ def run_rank(local_rank: int, config: runfiles.LaunchConfig, launcher_pid: int) 
     world_size = spec.topology.world_size
     os.environ.update(
         MASTER_ADDR=assignment.master_addr,
-        MASTER_PORT=str(assignment.master_port),
+        MASTER_PORT=str(master_port),
+        # Machine 0's launcher hosts the store; every rank is its client.
+        TORCHELASTIC_USE_AGENT_STORE="True",
         WORLD_SIZE=str(world_size),
         RANK=str(rank),
         LOCAL_RANK=str(local_rank),

@@ -1,7 +1,10 @@
 """The run directory: the file contract between the daemon and the processes
 it launches for one part.
 
-The daemon writes ``launch.json``; the launcher and its ranks write
+The daemon writes ``launch.json``, and ``rendezvous.json`` on machines other
+than 0 once the server knows the port; machine 0's launcher writes
+``rendezvous.json`` when it has bound the job's store. The launcher and its
+ranks write
 ``progress.jsonl`` (rank 0, appended), ``result.json`` (rank 0, at the end)
 and ``outcome.json`` (the launcher, how the part ended); their stdout and
 stderr go to ``output.log``. Files survive crashes, so the daemon can always
@@ -26,6 +29,7 @@ PROGRESS = "progress.jsonl"
 RESULT = "result.json"
 OUTCOME = "outcome.json"
 OUTPUT = "output.log"
+RENDEZVOUS = "rendezvous.json"
 
 
 class LaunchConfig(BaseModel):
@@ -73,6 +77,18 @@ def write_launch(config: LaunchConfig) -> None:
 
 def read_launch(run_dir: Path) -> LaunchConfig:
     return LaunchConfig.model_validate_json((run_dir / LAUNCH).read_text())
+
+
+def write_rendezvous(run_dir: Path, master_port: int) -> None:
+    write_atomically(run_dir / RENDEZVOUS, json.dumps({"master_port": master_port}))
+
+
+def read_rendezvous(run_dir: Path) -> int | None:
+    try:
+        port: int = json.loads((run_dir / RENDEZVOUS).read_text())["master_port"]
+    except FileNotFoundError:
+        return None
+    return port
 
 
 def write_result(run_dir: Path, result: TrainResult) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api import views
-from api.deps import CoordinatorDep, DatabaseDep, NotifierDep, SettingsDep
+from api.deps import JobId, CoordinatorDep, DatabaseDep, NotifierDep, SettingsDep
 from api.lifecycle import JobStatus
 from api.schemas import JobPublic, JobSpec, JobsPublic, MetricsPublic
 
@@ -38,13 +38,13 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-def get_job(job_id: int, db: DatabaseDep) -> JobPublic:
+def get_job(job_id: JobId, db: DatabaseDep) -> JobPublic:
     return views.read_job(db=db, job_id=job_id)
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
 def cancel_job(
-    job_id: int, coordinator: CoordinatorDep, db: DatabaseDep, notifier: NotifierDep
+    job_id: JobId, coordinator: CoordinatorDep, db: DatabaseDep, notifier: NotifierDep
 ) -> JobPublic:
     """Queued jobs end ``cancelled`` at once; running ones go ``cancelling``
     until every node has stopped its ranks."""
@@ -55,7 +55,7 @@ def cancel_job(
 
 @router.get("/{job_id}/metrics", response_model=MetricsPublic)
 def get_metrics(
-    job_id: int,
+    job_id: JobId,
     db: DatabaseDep,
     max_points: Annotated[int, Query(ge=2, le=10_000)] = 1000,
 ) -> MetricsPublic:

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from api import views
-from api.deps import CoordinatorDep, DatabaseDep, NotifierDep, SettingsDep
+from api.deps import NodeId, CoordinatorDep, DatabaseDep, NotifierDep, SettingsDep
 from api.schemas import NodePublic, NodeRegistered, NodeRegistration, PollRequest, PollResponse
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
@@ -37,7 +37,7 @@ def register_node(
 
 @router.post("/{node_id}/poll", response_model=PollResponse)
 async def poll(
-    node_id: int,
+    node_id: NodeId,
     request: PollRequest,
     coordinator: CoordinatorDep,
     settings: SettingsDep,

@@ -44,11 +44,27 @@ def test_a_gang_starts_only_when_all_its_machines_can(client: httpx.Client) -> N
     assert all(s["master_port"] == view["master_port"] for s in starts)
 
 
-def test_two_jobs_on_one_host_get_different_rendezvous_ports(client: httpx.Client) -> None:
-    ProtocolNode(client, "a", slots=2)
-    first, second = submit(client), submit(client)
-    ports = {job(client, first)["master_port"], job(client, second)["master_port"]}
-    assert len(ports) == 2
+def test_machine_0_publishes_the_rendezvous_port_to_the_others(client: httpx.Client) -> None:
+    a, b = ProtocolNode(client, "a"), ProtocolNode(client, "b")
+    job_id = submit(client, machines=2)
+    starts = {n.name: n.poll()["start"][0] for n in (a, b)}
+    first = next(n for n in (a, b) if starts[n.name]["machine_id"] == 0)
+    second = b if first is a else a
+    part0, part1 = starts[first.name]["part_id"], starts[second.name]["part_id"]
+    # Nobody knows the port until machine 0's launcher has bound it.
+    assert starts[second.name]["master_port"] is None
+    assert second.poll([part1])["rendezvous"] == []
+
+    def bind(node: ProtocolNode, part_id: int, port: int) -> httpx.Response:
+        return client.post(f"/parts/{part_id}/rendezvous", json={"node_id": node.node_id, "master_port": port})
+
+    assert bind(second, part1, 40000).status_code == 409  # only machine 0 hosts it
+    assert bind(first, part0, 40001).json() == {"accepted": True}
+    assert bind(first, part0, 40001).json() == {"accepted": True}  # a resend is harmless
+    assert bind(first, part0, 40002).status_code == 409  # but it cannot move
+    assert second.poll([part1])["rendezvous"] == [{"part_id": part1, "master_port": 40001}]
+    view = job(client, job_id)
+    assert (view["master_addr"], view["master_port"]) == ("127.0.0.1", 40001)
 
 
 def test_nccl_without_gpus_stays_queued_with_a_reason(client: httpx.Client) -> None:

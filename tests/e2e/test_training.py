@@ -100,6 +100,16 @@ def test_three_jobs_at_once_on_two_single_slot_nodes(jobs: Jobs) -> None:
             assert end <= start, f"{node} ran jobs {first} and {second} at once"
 
 
+def test_two_jobs_on_one_host_run_side_by_side(jobs: Jobs) -> None:
+    """Both workers live on 127.0.0.1: each job's machine 0 binds its own
+    rendezvous port, so concurrent jobs on one host never collide."""
+    ids = [jobs.submit(max_steps_per_epoch=SMOKE_STEPS) for _ in range(2)]
+    running = [jobs.wait(i, lambda j: j["master_port"] is not None, 60, "a rendezvous port") for i in ids]
+    assert running[0]["master_port"] != running[1]["master_port"]
+    assert {r["parts"][0]["node_name"] for r in running} == {"node-0", "node-1"}
+    assert [jobs.wait_done(i)["status"] for i in ids] == ["succeeded", "succeeded"]
+
+
 def test_nodes_show_what_they_run(jobs: Jobs, cluster: LocalCluster) -> None:
     with httpx.Client(base_url=cluster.url) as client:
         nodes = client.get("/nodes").json()

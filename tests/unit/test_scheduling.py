@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from api.scheduling import NodeCapacity, Pending, Placement, pick_port, place_gang, plan
+from api.scheduling import NodeCapacity, Pending, Placement, place_gang, plan
 from api.schemas import JobSpec
 
 
@@ -70,9 +70,3 @@ def test_a_job_no_node_could_ever_run_does_not_block_the_queue() -> None:
     decisions = plan([(1, spec(1, backend="nccl")), (2, spec(1))], [node(1)])
     assert isinstance(decisions[1], Pending)
     assert decisions[2] == Placement((1,))
-
-
-def test_ports_in_use_on_the_host_are_skipped() -> None:
-    assert pick_port({29500, 29501}, 29500, 29510, hint=0) == 29502
-    assert pick_port(set(), 29500, 29510, hint=13) == 29502  # spread by job id, wrapping
-    assert pick_port({29500, 29501}, 29500, 29501, hint=0) is None
