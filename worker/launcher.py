@@ -38,6 +38,17 @@ def _tail(text: str) -> str:
     return text[-TRACEBACK_TAIL_CHARS:].strip()
 
 
+def _could_not(step: str, machine_id: int, exc: Exception) -> runfiles.Outcome:
+    """A failure of the launcher itself, before any rank ran (call in ``except``)."""
+    return runfiles.Outcome(
+        status="failed",
+        reason=f"{step}_failed",
+        message=f"machine {machine_id} could not {step}: {exc}",
+        exit_code=1,
+        traceback_tail=_tail(traceback.format_exc()),
+    )
+
+
 class RendezvousTimeout(RuntimeError):
     pass
 
@@ -84,13 +95,7 @@ def launch(config: runfiles.LaunchConfig) -> runfiles.Outcome:
         if trainer.prepare is not None:
             trainer.prepare(config.data_dir)
     except Exception as exc:
-        return runfiles.Outcome(
-            status="failed",
-            reason="prepare_failed",
-            message=f"machine {assignment.machine_id} could not prepare: {exc}",
-            exit_code=1,
-            traceback_tail=_tail(traceback.format_exc()),
-        )
+        return _could_not("prepare", assignment.machine_id, exc)
 
     import torch.multiprocessing as mp
 
@@ -103,13 +108,7 @@ def launch(config: runfiles.LaunchConfig) -> runfiles.Outcome:
         else:
             store, port = None, await_port(config)
     except Exception as exc:
-        return runfiles.Outcome(
-            status="failed",
-            reason="rendezvous_failed",
-            message=f"machine {assignment.machine_id} could not rendezvous: {exc}",
-            exit_code=1,
-            traceback_tail=_tail(traceback.format_exc()),
-        )
+        return _could_not("rendezvous", assignment.machine_id, exc)
 
     first_rank = assignment.machine_id * processes
     try:
