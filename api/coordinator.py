@@ -106,7 +106,11 @@ class Coordinator:
             self._schedule(session)
             log.info(
                 "node %d (%s) registered at %s with %d slot(s), %d GPU(s)",
-                node.id, node.name, node.address, node.slots, node.gpus,
+                node.id,
+                node.name,
+                node.address,
+                node.slots,
+                node.gpus,
             )
             return node.id
 
@@ -125,7 +129,9 @@ class Coordinator:
 
             mine = queries.active_parts_on_nodes(session=session, node_ids=[node_id])
             reported = set(active_part_ids)
-            attempts = queries.get_attempts(session=session, attempt_ids=[p.attempt_id for p in mine])
+            attempts = queries.get_attempts(
+                session=session, attempt_ids=[p.attempt_id for p in mine]
+            )
             start = [
                 _assignment(session, p, attempts[p.attempt_id])
                 for p in mine
@@ -170,7 +176,9 @@ class Coordinator:
                 node.state = NodeState.LOST.value
                 log.warning(
                     "node %d (%s) lost: no heartbeat since %s",
-                    node.id, node.name, node.last_heartbeat_at.isoformat(),
+                    node.id,
+                    node.name,
+                    node.last_heartbeat_at.isoformat(),
                 )
             parts = queries.active_parts_on_nodes(session=session, node_ids=nodes)
             _lose_parts(session, parts, nodes, "node_lost", now)
@@ -195,15 +203,27 @@ class Coordinator:
         with self.db.write() as session:
             part = _owned_part(session, part_id, report.node_id)
             if part.machine_id != 0:
-                raise HTTPException(409, f"part {part_id} is machine {part.machine_id}; only machine 0 hosts the rendezvous")
+                raise HTTPException(
+                    409,
+                    f"part {part_id} is machine {part.machine_id}; "
+                    "only machine 0 hosts the rendezvous",
+                )
             attempt = queries.get_attempt(session=session, attempt_id=part.attempt_id)
             assert attempt is not None
             if attempt.master_port is not None and attempt.master_port != report.master_port:
-                raise HTTPException(409, f"attempt {attempt.id} already rendezvous at port {attempt.master_port}")
+                raise HTTPException(
+                    409, f"attempt {attempt.id} already rendezvous at port {attempt.master_port}"
+                )
             if not _is_current(session, part) or PartStatus(part.status).is_terminal():
                 return False
             attempt.master_port = report.master_port
-            log.info("job %d attempt %d: rendezvous at %s:%d", part.job_id, attempt.number, attempt.master_addr, report.master_port)
+            log.info(
+                "job %d attempt %d: rendezvous at %s:%d",
+                part.job_id,
+                attempt.number,
+                attempt.master_addr,
+                report.master_port,
+            )
             return True
 
     def record_progress(self, part_id: int, batch: ProgressBatch) -> bool:
@@ -265,7 +285,10 @@ class Coordinator:
             job = _job_or_404(session, part.job_id, for_update=True)
             log.info(
                 "job %d machine %d: %s (exit code %s)",
-                job.id, part.machine_id, report.status, report.exit_code,
+                job.id,
+                part.machine_id,
+                report.status,
+                report.exit_code,
             )
             if job.current_attempt_id != part.attempt_id:
                 return False
@@ -340,7 +363,9 @@ class Coordinator:
         _set_job_status(session, job, JobStatus.RUNNING, now)
         log.info(
             "job %d attempt %d placed on %s",
-            job.id, attempt.number, ", ".join(n.name for n in nodes),
+            job.id,
+            attempt.number,
+            ", ".join(n.name for n in nodes),
         )
 
 

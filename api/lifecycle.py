@@ -67,9 +67,7 @@ _TERMINAL_PART = frozenset(
 
 JOB_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.CANCELLED}),
-    JobStatus.RUNNING: frozenset(
-        {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLING}
-    ),
+    JobStatus.RUNNING: frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLING}),
     JobStatus.CANCELLING: frozenset({JobStatus.CANCELLED}),
     JobStatus.SUCCEEDED: frozenset(),
     JobStatus.FAILED: frozenset(),
@@ -130,10 +128,7 @@ def settle_job(current: JobStatus, parts: Iterable[PartStatus]) -> JobStatus:
     """
     statuses = list(parts)
     if current is JobStatus.RUNNING and statuses:
-        if any(
-            s in (PartStatus.FAILED, PartStatus.LOST, PartStatus.CANCELLED)
-            for s in statuses
-        ):
+        if any(s in (PartStatus.FAILED, PartStatus.LOST, PartStatus.CANCELLED) for s in statuses):
             return JobStatus.FAILED
         if all(s is PartStatus.SUCCEEDED for s in statuses):
             return JobStatus.SUCCEEDED

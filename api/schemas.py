@@ -29,9 +29,7 @@ class _Strict(BaseModel):
 
 class Topology(_Strict):
     num_machines: int = Field(1, ge=1, le=64, description="Machines (nodes) the job spans")
-    num_processes: int = Field(
-        1, ge=1, le=64, description="Training processes per machine"
-    )
+    num_processes: int = Field(1, ge=1, le=64, description="Training processes per machine")
 
     @property
     def world_size(self) -> int:
@@ -64,7 +62,10 @@ class JobSpec(_Strict):
     epochs: int = Field(1, ge=1, le=1000)
     lr: float = Field(0.5, gt=0, le=1000, allow_inf_nan=False)
     seed: int = Field(
-        0, ge=0, le=2**32 - 1, description="Model init and shuffling (0: DistributedSampler's own default)"
+        0,
+        ge=0,
+        le=2**32 - 1,
+        description="Model init and shuffling (0: DistributedSampler's own default)",
     )
     max_steps_per_epoch: int | None = Field(
         None, ge=1, le=10_000_000, description="Cut each epoch short (smoke runs)"

@@ -139,9 +139,7 @@ def read_job(*, db: Database, job_id: int) -> JobPublic:
         return _public_jobs(session, [job])[0]
 
 
-def read_jobs(
-    *, db: Database, status: JobStatus | None, limit: int, offset: int
-) -> JobsPublic:
+def read_jobs(*, db: Database, status: JobStatus | None, limit: int, offset: int) -> JobsPublic:
     with db.read() as session:
         jobs, count = queries.list_jobs(
             session=session,

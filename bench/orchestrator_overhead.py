@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from api.schemas import Assignment, JobSpec, JobPublic
+from api.schemas import Assignment, JobPublic, JobSpec
 from cli.cluster import LocalCluster, free_port
 from worker import runfiles
 
@@ -38,8 +38,13 @@ def run_direct(spec: JobSpec, data_dir: Path, work: Path) -> Run:
     run_dir = work / f"direct-{time.monotonic_ns()}"
     config = runfiles.LaunchConfig(
         assignment=Assignment(
-            part_id=0, job_id=0, attempt_id=0, machine_id=0, spec=spec,
-            master_addr="127.0.0.1", master_port=free_port(),
+            part_id=0,
+            job_id=0,
+            attempt_id=0,
+            machine_id=0,
+            spec=spec,
+            master_addr="127.0.0.1",
+            master_port=free_port(),
         ),
         run_dir=run_dir,
         data_dir=data_dir.resolve(),
@@ -51,7 +56,9 @@ def run_direct(spec: JobSpec, data_dir: Path, work: Path) -> Run:
     with open(run_dir / runfiles.OUTPUT, "wb") as log:
         subprocess.run(
             [sys.executable, "-m", "worker.launcher", str(run_dir)],
-            stdout=log, stderr=subprocess.STDOUT, check=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            check=True,
         )
     wall = time.perf_counter() - started
     result = runfiles.read_result(run_dir)
@@ -76,30 +83,47 @@ def run_orchestrated(spec: JobSpec, client: httpx.Client) -> Run:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("DDPO_DATA_DIR", "./data")))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path(os.environ.get("DDPO_DATA_DIR", "./data"))
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--max-steps-per-epoch", type=int, default=None)
     args = parser.parse_args(argv)
-    spec = JobSpec(epochs=args.epochs, batch_size=args.batch_size, max_steps_per_epoch=args.max_steps_per_epoch)
+    spec = JobSpec(
+        epochs=args.epochs, batch_size=args.batch_size, max_steps_per_epoch=args.max_steps_per_epoch
+    )
 
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="ddpo-bench-") as tmp:
         work = Path(tmp)
-        with LocalCluster(state_dir=work / "cluster", data_dir=args.data_dir, workers=1) as cluster, \
-                httpx.Client(base_url=cluster.url, timeout=30) as client:
+        with (
+            LocalCluster(state_dir=work / "cluster", data_dir=args.data_dir, workers=1) as cluster,
+            httpx.Client(base_url=cluster.url, timeout=30) as client,
+        ):
             for round_index in range(args.rounds):
                 # Alternate which goes first, so drift in the machine's speed
                 # does not favour one way.
-                order = ["direct", "orchestrated"] if round_index % 2 == 0 else ["orchestrated", "direct"]
+                order = (
+                    ["direct", "orchestrated"]
+                    if round_index % 2 == 0
+                    else ["orchestrated", "direct"]
+                )
                 for way in order:
-                    run = run_direct(spec, args.data_dir, work) if way == "direct" else run_orchestrated(spec, client)
+                    run = (
+                        run_direct(spec, args.data_dir, work)
+                        if way == "direct"
+                        else run_orchestrated(spec, client)
+                    )
                     runs.append(run)
                     print(
                         f"round {round_index + 1} {run.way:<12} wall {run.wall_s:6.1f} s  "
-                        f"training {run.train_s:6.1f} s  test accuracy {100 * (run.accuracy or 0):.2f}%",
+                        f"training {run.train_s:6.1f} s  "
+                        f"test accuracy {100 * (run.accuracy or 0):.2f}%",
                         flush=True,
                     )
 

@@ -9,7 +9,9 @@ from cli import local_cluster
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddpo", description="Distributed PyTorch training, orchestrated.")
+    parser = argparse.ArgumentParser(
+        prog="ddpo", description="Distributed PyTorch training, orchestrated."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     local = commands.add_parser(
         "local-cluster",

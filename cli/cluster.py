@@ -126,8 +126,12 @@ class LocalCluster:
             env,
             self.state_dir,
         )
-        self._wait(lambda: httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200,
-                   timeout_s, "the server to answer /healthz", self.server)
+        self._wait(
+            lambda: httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200,
+            timeout_s,
+            "the server to answer /healthz",
+            self.server,
+        )
         return self.server
 
     def start_worker(self, name: str, *extra_args: str) -> ManagedProcess:
@@ -135,13 +139,20 @@ class LocalCluster:
         worker = _spawn(
             name,
             [
-                "-m", "worker",
-                "--server", self.url,
-                "--name", name,
-                "--address", "127.0.0.1",
-                "--slots", str(self.worker_slots),
-                "--data-dir", str(self.data_dir.resolve()),
-                "--work-dir", str(work_dir / "runs"),
+                "-m",
+                "worker",
+                "--server",
+                self.url,
+                "--name",
+                name,
+                "--address",
+                "127.0.0.1",
+                "--slots",
+                str(self.worker_slots),
+                "--data-dir",
+                str(self.data_dir.resolve()),
+                "--work-dir",
+                str(work_dir / "runs"),
                 *self.worker_args,
                 *extra_args,
             ],

@@ -18,8 +18,15 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("job spec")
     group.add_argument("--name")
     group.add_argument("--trainer", default=defaults.trainer)
-    group.add_argument("--machines", type=int, default=defaults.topology.num_machines, help="num_machines")
-    group.add_argument("--processes", type=int, default=defaults.topology.num_processes, help="num_processes per machine")
+    group.add_argument(
+        "--machines", type=int, default=defaults.topology.num_machines, help="num_machines"
+    )
+    group.add_argument(
+        "--processes",
+        type=int,
+        default=defaults.topology.num_processes,
+        help="num_processes per machine",
+    )
     group.add_argument("--backend", choices=["gloo", "nccl"], default=defaults.backend)
     group.add_argument("--batch-size", type=int, default=defaults.batch_size, help="per process")
     group.add_argument("--epochs", type=int, default=defaults.epochs)

@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--data-dir",
         type=Path,
         default=Path(os.environ.get("DDPO_DATA_DIR", "./data")),
-        help="datasets directory; MNIST is downloaded there if absent [DDPO_DATA_DIR, default ./data]",
+        help="datasets directory; MNIST is downloaded there if absent "
+        "[DDPO_DATA_DIR, default ./data]",
     )
     parser.add_argument(
         "--state-dir",
@@ -38,14 +39,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     workers = args.workers if args.workers is not None else args.machines
-    cluster = LocalCluster(state_dir=args.state_dir, data_dir=args.data_dir, workers=workers, port=args.port)
+    cluster = LocalCluster(
+        state_dir=args.state_dir, data_dir=args.data_dir, workers=workers, port=args.port
+    )
     print(f"starting a server and {workers} worker(s) in {args.state_dir} ...", flush=True)
     started = time.monotonic()
     with cluster:
         print(f"server at {cluster.url} (logs: {cluster.state_dir})", flush=True)
         with httpx.Client(base_url=cluster.url, timeout=30) as client:
             job = submit(client, spec_from_args(args))
-            print(f"submitted job {job.id}; follow it with: curl {cluster.url}/jobs/{job.id}", flush=True)
+            print(
+                f"submitted job {job.id}; follow it with: curl {cluster.url}/jobs/{job.id}",
+                flush=True,
+            )
             try:
                 job = follow(client, job.id)
             except KeyboardInterrupt:

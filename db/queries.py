@@ -101,9 +101,7 @@ def parts_of_attempt(*, session: Session, attempt_id: int) -> list[Part]:
     return list(session.exec(statement).all())
 
 
-def parts_with_nodes(
-    *, session: Session, attempt_ids: Iterable[int]
-) -> list[tuple[Part, Node]]:
+def parts_with_nodes(*, session: Session, attempt_ids: Iterable[int]) -> list[tuple[Part, Node]]:
     ids = list(set(attempt_ids))
     if not ids:
         return []

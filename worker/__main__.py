@@ -23,17 +23,31 @@ def parse_settings(argv: list[str] | None = None) -> WorkerSettings:
         "run their DDP ranks with torch.multiprocessing.spawn, report back. "
         "Every flag has an environment variable (in brackets); flags win.",
     )
-    parser.add_argument("--server", dest="server_url", help="server URL [DDPO_SERVER_URL, default http://127.0.0.1:8000]")
+    parser.add_argument(
+        "--server",
+        dest="server_url",
+        help="server URL [DDPO_SERVER_URL, default http://127.0.0.1:8000]",
+    )
     parser.add_argument("--name", help="unique node name [DDPO_WORKER_NAME, default the host name]")
     parser.add_argument(
         "--address",
         help="address other nodes reach this one at; used as MASTER_ADDR when "
         "this node runs machine 0 [DDPO_WORKER_ADDRESS, default 127.0.0.1]",
     )
-    parser.add_argument("--slots", type=int, help="job parts run at once [DDPO_WORKER_SLOTS, default 1]")
-    parser.add_argument("--gpus", type=int, help="GPUs offered [DDPO_WORKER_GPUS, default: counted]")
-    parser.add_argument("--data-dir", dest="data_dir", help="datasets directory [DDPO_DATA_DIR, default ./data]")
-    parser.add_argument("--work-dir", dest="work_dir", help="run directories and logs [DDPO_WORKER_WORK_DIR, default ./runs]")
+    parser.add_argument(
+        "--slots", type=int, help="job parts run at once [DDPO_WORKER_SLOTS, default 1]"
+    )
+    parser.add_argument(
+        "--gpus", type=int, help="GPUs offered [DDPO_WORKER_GPUS, default: counted]"
+    )
+    parser.add_argument(
+        "--data-dir", dest="data_dir", help="datasets directory [DDPO_DATA_DIR, default ./data]"
+    )
+    parser.add_argument(
+        "--work-dir",
+        dest="work_dir",
+        help="run directories and logs [DDPO_WORKER_WORK_DIR, default ./runs]",
+    )
     parser.add_argument(
         "--trainer",
         action="append",
@@ -55,7 +69,9 @@ def parse_settings(argv: list[str] | None = None) -> WorkerSettings:
     }
     settings = WorkerSettings(**overrides)
     if args.trainers:
-        settings = settings.model_copy(update={"trainers": {**settings.trainers, **dict(args.trainers)}})
+        settings = settings.model_copy(
+            update={"trainers": {**settings.trainers, **dict(args.trainers)}}
+        )
         WorkerSettings.model_validate(settings.model_dump())
     return settings
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+from pydantic import BaseModel
 
 from api.schemas import (
     Ack,
@@ -36,28 +37,29 @@ class Refused(RuntimeError):
 
 class ServerClient:
     def __init__(self, base_url: str, timeout_s: float) -> None:
+        self._timeout_s = timeout_s
         self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s)
 
     def close(self) -> None:
         self._http.close()
 
-    def _post(self, path: str, body: object, *, read_timeout: float | None = None) -> object:
-        timeout = None
-        if read_timeout is not None:
-            timeout = httpx.Timeout(self._http.timeout.connect, read=read_timeout)
+    def _post(self, path: str, body: BaseModel, *, extra_wait_s: float = 0.0) -> object:
         try:
             response = self._http.post(
                 path,
-                content=body.model_dump_json(),  # type: ignore[attr-defined]
+                content=body.model_dump_json(),
                 headers={"content-type": "application/json"},
-                **({"timeout": timeout} if timeout else {}),
+                # A long-poll is held open by the server on purpose.
+                timeout=self._timeout_s + extra_wait_s,
             )
         except httpx.HTTPError as exc:
             raise ServerUnavailable(f"{path}: {exc!r}") from exc
         if response.status_code >= 500:
             raise ServerUnavailable(f"{path}: {response.status_code} {response.text[:200]}")
         if response.status_code >= 400:
-            raise Refused(response.status_code, f"{path}: {response.status_code} {response.text[:500]}")
+            raise Refused(
+                response.status_code, f"{path}: {response.status_code} {response.text[:500]}"
+            )
         return response.json()
 
     def register(self, registration: NodeRegistration) -> NodeRegistered:
@@ -66,9 +68,7 @@ class ServerClient:
     def poll(self, node_id: int, active_part_ids: list[int], wait_s: float) -> PollResponse:
         request = PollRequest(active_part_ids=active_part_ids, wait_s=wait_s)
         try:
-            data = self._post(
-                f"/nodes/{node_id}/poll", request, read_timeout=wait_s + self._http.timeout.read
-            )
+            data = self._post(f"/nodes/{node_id}/poll", request, extra_wait_s=wait_s)
         except Refused as exc:
             if exc.status_code == 404:
                 raise NodeUnknown(str(exc)) from exc
@@ -76,7 +76,9 @@ class ServerClient:
         return PollResponse.model_validate(data)
 
     def started(self, part_id: int, node_id: int) -> bool:
-        ack = Ack.model_validate(self._post(f"/parts/{part_id}/started", PartStarted(node_id=node_id)))
+        ack = Ack.model_validate(
+            self._post(f"/parts/{part_id}/started", PartStarted(node_id=node_id))
+        )
         return ack.accepted
 
     def rendezvous(self, part_id: int, node_id: int, master_port: int) -> bool:

@@ -82,7 +82,9 @@ class Worker:
             address=self.settings.address,
             slots=self.settings.slots,
             gpus=self.settings.gpus if self.settings.gpus is not None else count_gpus(),
-            cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+            cpus=len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1,
             trainers=sorted(trainers.available(self.settings.trainers)),
         )
         try:
@@ -94,7 +96,10 @@ class Worker:
         self.node_id = registered.node_id
         log.info(
             "registered as node %d (%s, %s) with %s",
-            self.node_id, registration.name, registration.address, self.settings.server_url,
+            self.node_id,
+            registration.name,
+            registration.address,
+            self.settings.server_url,
         )
 
     def _shutdown(self) -> None:
@@ -161,8 +166,12 @@ class Worker:
             return
         log.info(
             "starting job %d machine %d (part %d): %d process(es), rendezvous at %s:%s",
-            assignment.job_id, assignment.machine_id, assignment.part_id,
-            assignment.spec.topology.num_processes, assignment.master_addr, assignment.master_port or "(port to come)",
+            assignment.job_id,
+            assignment.machine_id,
+            assignment.part_id,
+            assignment.spec.topology.num_processes,
+            assignment.master_addr,
+            assignment.master_port or "(port to come)",
         )
         try:
             part = PartProcess.launch(assignment, self.settings)
@@ -224,7 +233,10 @@ class Worker:
                 if self._send_finish(part_id, report):
                     log.info(
                         "part %d (job %d machine %d) %s",
-                        part_id, part.assignment.job_id, part.assignment.machine_id, report.status,
+                        part_id,
+                        part.assignment.job_id,
+                        part.assignment.machine_id,
+                        report.status,
                     )
                     del self.parts[part_id]
 

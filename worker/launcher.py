@@ -128,7 +128,11 @@ def launch(config: runfiles.LaunchConfig) -> runfiles.Outcome:
         )
     except mp.ProcessExitedException as exc:
         rank = first_rank + exc.error_index
-        how = f"was killed by {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}"
+        how = (
+            f"was killed by {exc.signal_name}"
+            if exc.signal_name
+            else f"exited with code {exc.exit_code}"
+        )
         return runfiles.Outcome(
             status="failed",
             reason="rank_exited",

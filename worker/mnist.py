@@ -83,7 +83,7 @@ def train(ctx: TrainContext) -> TrainResult | None:
 
     dataset = datasets.MNIST(ctx.data_dir, train=True, download=False, transform=_transform())
     # Every rank sees a disjoint 1/world_size of the data each epoch.
-    sampler = DistributedSampler(
+    sampler: DistributedSampler[tuple[torch.Tensor, int]] = DistributedSampler(
         dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=spec.seed
     )
     loader = DataLoader(
@@ -155,7 +155,9 @@ def train(ctx: TrainContext) -> TrainResult | None:
         train_seconds=round(train_seconds, 3),
         eval_seconds=round(eval_seconds, 3),
         epoch_seconds=[round(s, 3) for s in epoch_seconds],
-        samples_per_sec=round(spec.epochs * batches_per_epoch * samples_per_batch / train_seconds, 1),
+        samples_per_sec=round(
+            spec.epochs * batches_per_epoch * samples_per_batch / train_seconds, 1
+        ),
     )
 
 

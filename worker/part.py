@@ -52,7 +52,7 @@ class PartProcess:
         )
         runfiles.write_launch(config)
         known = assignment.master_port is not None and assignment.machine_id > 0
-        if known:
+        if assignment.master_port is not None and known:
             runfiles.write_rendezvous(run_dir, assignment.master_port)
         with open(run_dir / runfiles.OUTPUT, "ab") as output:
             process = subprocess.Popen(

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api import views
-from api.deps import JobId, CoordinatorDep, DatabaseDep, NotifierDep, SettingsDep
+from api.deps import CoordinatorDep, DatabaseDep, JobId, NotifierDep, SettingsDep
 from api.lifecycle import JobStatus
 from api.schemas import JobPublic, JobSpec, JobsPublic, MetricsPublic
 

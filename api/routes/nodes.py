@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from api import views
-from api.deps import NodeId, CoordinatorDep, DatabaseDep, NotifierDep, SettingsDep
+from api.deps import CoordinatorDep, DatabaseDep, NodeId, NotifierDep, SettingsDep
 from api.schemas import NodePublic, NodeRegistered, NodeRegistration, PollRequest, PollResponse
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
@@ -49,9 +49,7 @@ async def poll(
     deadline = time.monotonic() + min(request.wait_s, settings.poll_wait_s)
     while True:
         event = notifier.current()
-        response = await run_in_threadpool(
-            coordinator.poll_node, node_id, request.active_part_ids
-        )
+        response = await run_in_threadpool(coordinator.poll_node, node_id, request.active_part_ids)
         remaining = deadline - time.monotonic()
         if response.start or response.stop or remaining <= 0:
             return response

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.deps import PartId, CoordinatorDep, NotifierDep
+from api.deps import CoordinatorDep, NotifierDep, PartId
 from api.schemas import Ack, PartFinished, PartStarted, ProgressBatch, RendezvousBound
 
 router = APIRouter(prefix="/parts", tags=["worker protocol"])

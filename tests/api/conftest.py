@@ -72,7 +72,9 @@ class ProtocolNode:
     def __init__(self, client: httpx.Client, name: str, **registration: Any) -> None:
         self.client = client
         body = {"name": name, "address": "127.0.0.1", **registration}
-        self.node_id: int = client.post("/nodes/register", json=body).raise_for_status().json()["node_id"]
+        self.node_id: int = (
+            client.post("/nodes/register", json=body).raise_for_status().json()["node_id"]
+        )
         self.name = name
 
     def poll(self, active: list[int] | None = None, wait_s: float = 0) -> dict[str, Any]:

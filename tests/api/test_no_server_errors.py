@@ -20,8 +20,18 @@ HOSTILE_BODIES: list[Any] = [
     {"node_id": 2**70},
     {"node_id": -1, "status": "succeeded"},
     {"node_id": 1, "status": "exploded"},
-    {"node_id": 1, "reports": [{"seq": 2**64, "epoch": 1, "batch": 1, "batches_per_epoch": 1,
-                                "at": "2026-01-01T00:00:00Z"}]},
+    {
+        "node_id": 1,
+        "reports": [
+            {
+                "seq": 2**64,
+                "epoch": 1,
+                "batch": 1,
+                "batches_per_epoch": 1,
+                "at": "2026-01-01T00:00:00Z",
+            }
+        ],
+    },
     {"name": "n" * 1000, "address": "", "slots": 10**9},
     {"topology": {"num_machines": 2**70}},
     {"active_part_ids": [2**70], "wait_s": -1},
@@ -54,7 +64,9 @@ def test_every_route_answers_hostile_input_without_a_server_error(client: httpx.
                 continue
             for body in HOSTILE_BODIES:
                 response = client.request(
-                    method, url, content=json.dumps(body),
+                    method,
+                    url,
+                    content=json.dumps(body),
                     headers={"content-type": "application/json"},
                 )
                 assert response.status_code < 500, (method, url, body, response.text)
@@ -67,11 +79,19 @@ def test_a_diverged_loss_reads_as_null(client: httpx.Client, loss: float) -> Non
     node = ProtocolNode(client, "a")
     job_id = client.post("/jobs", json={}).json()["id"]
     part_id = node.poll()["start"][0]["part_id"]
-    report = {"seq": 0, "epoch": 1, "batch": 1, "batches_per_epoch": 10, "loss": loss,
-              "samples_per_sec": 10.0, "at": "2026-01-01T00:00:00Z"}
+    report = {
+        "seq": 0,
+        "epoch": 1,
+        "batch": 1,
+        "batches_per_epoch": 10,
+        "loss": loss,
+        "samples_per_sec": 10.0,
+        "at": "2026-01-01T00:00:00Z",
+    }
     body = json.dumps({"node_id": node.node_id, "reports": [report]})  # NaN/Infinity literals
-    response = client.post(f"/parts/{part_id}/progress", content=body,
-                           headers={"content-type": "application/json"})
+    response = client.post(
+        f"/parts/{part_id}/progress", content=body, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 200, response.text
     job = client.get(f"/jobs/{job_id}").json()
     assert job["progress"]["batch"] == 1 and job["progress"]["loss"] is None

@@ -56,7 +56,9 @@ def test_machine_0_publishes_the_rendezvous_port_to_the_others(client: httpx.Cli
     assert second.poll([part1])["rendezvous"] == []
 
     def bind(node: ProtocolNode, part_id: int, port: int) -> httpx.Response:
-        return client.post(f"/parts/{part_id}/rendezvous", json={"node_id": node.node_id, "master_port": port})
+        return client.post(
+            f"/parts/{part_id}/rendezvous", json={"node_id": node.node_id, "master_port": port}
+        )
 
     assert bind(second, part1, 40000).status_code == 409  # only machine 0 hosts it
     assert bind(first, part0, 40001).json() == {"accepted": True}
@@ -80,9 +82,10 @@ def test_nccl_without_gpus_stays_queued_with_a_reason(client: httpx.Client) -> N
 
 def test_a_long_poll_is_woken_by_a_new_job(tmp_path: Path) -> None:
     # The poll waits up to 5 s; the job must reach it while it waits.
-    with ThreadedServer(make_settings(tmp_path, poll_wait_s=5.0)) as server, httpx.Client(
-        base_url=server.url, timeout=15
-    ) as client:
+    with (
+        ThreadedServer(make_settings(tmp_path, poll_wait_s=5.0)) as server,
+        httpx.Client(base_url=server.url, timeout=15) as client,
+    ):
         node = ProtocolNode(client, "a")
         answers: list[dict[str, Any]] = []
         poller = threading.Thread(target=lambda: answers.append(node.poll(wait_s=5.0)))
@@ -120,8 +123,13 @@ def test_a_failed_part_fails_the_job_and_stops_the_others(client: httpx.Client) 
     failing_rank = parts["b"]["machine_id"]
 
     b.finish(
-        part_b, "failed", exit_code=1, failing_rank=failing_rank, reason="rank_failed",
-        message=f"rank {failing_rank} raised", traceback_tail="ValueError: boom",
+        part_b,
+        "failed",
+        exit_code=1,
+        failing_rank=failing_rank,
+        reason="rank_failed",
+        message=f"rank {failing_rank} raised",
+        traceback_tail="ValueError: boom",
     ).raise_for_status()
     view = job(client, job_id)
     assert view["status"] == "failed"
@@ -138,10 +146,23 @@ def test_the_root_cause_wins_over_a_peer_that_lost_its_connection(client: httpx.
     a, b = ProtocolNode(client, "a"), ProtocolNode(client, "b")
     job_id = submit(client, machines=2)
     parts = {n.name: n.poll()["start"][0]["part_id"] for n in (a, b)}
-    a.finish(parts["a"], "failed", exit_code=1, failing_rank=0, reason="peer_failure",
-             message="rank 0 lost a peer").raise_for_status()
-    b.finish(parts["b"], "failed", exit_code=1, failing_rank=1, reason="rank_failed",
-             message="rank 1 raised", traceback_tail="KeyError").raise_for_status()
+    a.finish(
+        parts["a"],
+        "failed",
+        exit_code=1,
+        failing_rank=0,
+        reason="peer_failure",
+        message="rank 0 lost a peer",
+    ).raise_for_status()
+    b.finish(
+        parts["b"],
+        "failed",
+        exit_code=1,
+        failing_rank=1,
+        reason="rank_failed",
+        message="rank 1 raised",
+        traceback_tail="KeyError",
+    ).raise_for_status()
     error = job(client, job_id)["error"]
     assert (error["reason"], error["rank"]) == ("rank_failed", 1)
 
@@ -153,15 +174,24 @@ def test_progress_is_kept_once_and_shown_on_the_job(client: httpx.Client) -> Non
     client.post(f"/parts/{part_id}/started", json={"node_id": a.node_id}).raise_for_status()
 
     def report(seq: int, epoch: int, batch: int, loss: float) -> dict[str, Any]:
-        return {"seq": seq, "epoch": epoch, "batch": batch, "batches_per_epoch": 10,
-                "loss": loss, "samples_per_sec": 500.0, "at": "2026-01-01T00:00:00Z"}
+        return {
+            "seq": seq,
+            "epoch": epoch,
+            "batch": batch,
+            "batches_per_epoch": 10,
+            "loss": loss,
+            "samples_per_sec": 500.0,
+            "at": "2026-01-01T00:00:00Z",
+        }
 
     first = [report(0, 1, 1, 2.3), report(1, 1, 10, 1.5)]
     for _ in range(2):  # a resend after a lost answer changes nothing
-        client.post(f"/parts/{part_id}/progress",
-                    json={"node_id": a.node_id, "reports": first}).raise_for_status()
-    client.post(f"/parts/{part_id}/progress",
-                json={"node_id": a.node_id, "reports": [report(2, 2, 5, 0.9)]}).raise_for_status()
+        client.post(
+            f"/parts/{part_id}/progress", json={"node_id": a.node_id, "reports": first}
+        ).raise_for_status()
+    client.post(
+        f"/parts/{part_id}/progress", json={"node_id": a.node_id, "reports": [report(2, 2, 5, 0.9)]}
+    ).raise_for_status()
 
     progress = job(client, job_id)["progress"]
     assert (progress["epoch"], progress["batch"], progress["percent"]) == (2, 5, 75.0)
@@ -183,13 +213,20 @@ def test_a_node_cannot_report_for_another_nodes_part(client: httpx.Client) -> No
     ]:
         response = client.post(f"/parts/{part_id}/{path}", json={"node_id": other.node_id, **body})
         assert response.status_code == 403
-        assert response.json()["detail"] == f"part {part_id} is not assigned to node {other.node_id}"
+        assert (
+            response.json()["detail"] == f"part {part_id} is not assigned to node {other.node_id}"
+        )
     assert job(client, job_id)["parts"][0]["status"] == "assigned"
 
 
 def test_a_silent_node_is_lost_and_its_job_fails(tmp_path: Path) -> None:
-    settings = make_settings(tmp_path, heartbeat_timeout_s=1.0, poll_wait_s=0.2, sweep_interval_s=0.1)
-    with ThreadedServer(settings) as server, httpx.Client(base_url=server.url, timeout=10) as client:
+    settings = make_settings(
+        tmp_path, heartbeat_timeout_s=1.0, poll_wait_s=0.2, sweep_interval_s=0.1
+    )
+    with (
+        ThreadedServer(settings) as server,
+        httpx.Client(base_url=server.url, timeout=10) as client,
+    ):
         a, b = ProtocolNode(client, "a"), ProtocolNode(client, "b")
         job_id = submit(client, machines=2)
         a_part = a.poll()["start"][0]["part_id"]

@@ -62,8 +62,12 @@ class Jobs:
             time.sleep(0.2)
 
     def wait_done(self, job_id: int, timeout_s: float = 180) -> dict[str, Any]:
-        return self.wait(job_id, lambda j: j["status"] in ("succeeded", "failed", "cancelled"),
-                         timeout_s, "the job to end")
+        return self.wait(
+            job_id,
+            lambda j: j["status"] in ("succeeded", "failed", "cancelled"),
+            timeout_s,
+            "the job to end",
+        )
 
 
 @pytest.fixture

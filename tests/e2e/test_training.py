@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+
 from cli.cluster import LocalCluster
 from tests.e2e.conftest import SMOKE_STEPS, Jobs, rank_processes, still_running
 
@@ -22,8 +23,16 @@ def assert_trained(jobs: Jobs, job: dict[str, Any]) -> None:
     assert all(p["samples_per_sec"] > 0 for p in points)
     # Timing is filled in and adds up.
     timing = job["timing"]
-    for key in ("created_at", "started_at", "finished_at", "queued_seconds",
-                "running_seconds", "training_seconds", "setup_seconds", "eval_seconds"):
+    for key in (
+        "created_at",
+        "started_at",
+        "finished_at",
+        "queued_seconds",
+        "running_seconds",
+        "training_seconds",
+        "setup_seconds",
+        "eval_seconds",
+    ):
         assert timing[key] is not None, key
     assert 0 < timing["training_seconds"] < timing["running_seconds"]
     # Rank 0 measured the test set.
@@ -85,7 +94,7 @@ def test_three_jobs_at_once_on_two_single_slot_nodes(jobs: Jobs) -> None:
     assert [j["status"] for j in done] == ["succeeded"] * 3
 
     intervals: dict[str, list[tuple[str, str, int]]] = {}
-    for job, machines in zip(done, shapes):
+    for job, machines in zip(done, shapes, strict=True):
         assert job["attempt"] == 1
         assert len(job["parts"]) == machines
         assert len({p["node_name"] for p in job["parts"]}) == machines
@@ -96,7 +105,7 @@ def test_three_jobs_at_once_on_two_single_slot_nodes(jobs: Jobs) -> None:
     # A single-slot node never ran two parts at once.
     for node, spans in intervals.items():
         spans.sort()
-        for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+        for (_, end, first), (start, _, second) in zip(spans, spans[1:], strict=False):
             assert end <= start, f"{node} ran jobs {first} and {second} at once"
 
 
@@ -104,7 +113,9 @@ def test_two_jobs_on_one_host_run_side_by_side(jobs: Jobs) -> None:
     """Both workers live on 127.0.0.1: each job's machine 0 binds its own
     rendezvous port, so concurrent jobs on one host never collide."""
     ids = [jobs.submit(max_steps_per_epoch=SMOKE_STEPS) for _ in range(2)]
-    running = [jobs.wait(i, lambda j: j["master_port"] is not None, 60, "a rendezvous port") for i in ids]
+    running = [
+        jobs.wait(i, lambda j: j["master_port"] is not None, 60, "a rendezvous port") for i in ids
+    ]
     assert running[0]["master_port"] != running[1]["master_port"]
     assert {r["parts"][0]["node_name"] for r in running} == {"node-0", "node-1"}
     assert [jobs.wait_done(i)["status"] for i in ids] == ["succeeded", "succeeded"]

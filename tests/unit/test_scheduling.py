@@ -4,7 +4,9 @@ from api.scheduling import NodeCapacity, Pending, Placement, place_gang, plan
 from api.schemas import JobSpec
 
 
-def node(node_id: int, free: int = 1, gpus: int = 0, trainers: tuple[str, ...] = ("mnist",)) -> NodeCapacity:
+def node(
+    node_id: int, free: int = 1, gpus: int = 0, trainers: tuple[str, ...] = ("mnist",)
+) -> NodeCapacity:
     return NodeCapacity(node_id, f"n{node_id}", free, gpus, frozenset(trainers))
 
 
@@ -42,13 +44,17 @@ def test_nccl_needs_a_gpu_per_process_on_every_node() -> None:
     decision = place_gang(spec(2, 2, backend="nccl"), [node(1, gpus=2), node(2, gpus=1)])
     assert isinstance(decision, Pending)
     assert "GPU" in decision.reason and not decision.waiting_for_slots
-    assert place_gang(spec(2, 2, backend="nccl"), [node(1, gpus=2), node(2, gpus=4)]) == Placement((1, 2))
+    assert place_gang(spec(2, 2, backend="nccl"), [node(1, gpus=2), node(2, gpus=4)]) == Placement(
+        (1, 2)
+    )
 
 
 def test_nodes_without_the_trainer_are_not_used() -> None:
     decision = place_gang(spec(1, trainer="resnet"), [node(1)])
     assert isinstance(decision, Pending) and "resnet" in decision.reason
-    assert place_gang(spec(1, trainer="resnet"), [node(1), node(2, trainers=("resnet",))]) == Placement((2,))
+    assert place_gang(
+        spec(1, trainer="resnet"), [node(1), node(2, trainers=("resnet",))]
+    ) == Placement((2,))
 
 
 def test_plan_fills_nodes_in_queue_order_and_counts_slots_it_used() -> None:
