@@ -294,7 +294,7 @@ class Coordinator:
                 return False
             if report.result is not None:
                 job.result = report.result.model_dump(mode="json")
-            if report.status == PartStatus.FAILED.value and _may_explain(job, report):
+            if report.status == PartStatus.FAILED.value and _may_explain(job, report.reason):
                 node = queries.get_node(session=session, node_id=part.node_id)
                 job.error = JobError(
                     reason=report.reason or "rank_failed",
@@ -393,12 +393,14 @@ def _is_current(session: Session, part: Part) -> bool:
     return job is not None and job.current_attempt_id == part.attempt_id
 
 
-def _may_explain(job: Job, report: PartFinished) -> bool:
-    """Whether this failure should become the job's error: the first one,
-    unless it only said a peer went away and this one says why."""
+def _may_explain(job: Job, reason: str | None) -> bool:
+    """Whether a failure with this reason should become the job's error: the
+    first one, unless that only said a peer went away and this one says why."""
+    if job.status == JobStatus.CANCELLING.value or job.status == JobStatus.CANCELLED.value:
+        return False
     if job.error is None:
         return True
-    return job.error.get("reason") == "peer_failure" and report.reason != "peer_failure"
+    return job.error.get("reason") == "peer_failure" and reason != "peer_failure"
 
 
 def _assignment(session: Session, part: Part, attempt: Attempt) -> Assignment:
@@ -427,7 +429,7 @@ def _lose_parts(
         job = _job_or_404(session, part.job_id, for_update=True)
         if job.current_attempt_id != part.attempt_id:
             continue
-        if job.status == JobStatus.RUNNING.value and job.error is None:
+        if _may_explain(job, reason):
             job.error = JobError(
                 reason=reason,
                 message=f"node {node.name} (machine {part.machine_id}) {what}",

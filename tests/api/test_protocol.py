@@ -255,3 +255,25 @@ def test_a_restarted_worker_loses_what_it_ran(client: httpx.Client) -> None:
     view = job(client, job_id)
     assert view["status"] == "failed" and view["error"]["reason"] == "worker_restarted"
     assert view["parts"][0]["status"] == "lost"
+
+
+def test_a_lost_node_explains_a_failure_its_peers_only_felt(tmp_path: Path) -> None:
+    """The survivor's 'connection closed by peer' arrives first; once the
+    silent node is declared lost, that becomes the job's error."""
+    settings = make_settings(
+        tmp_path, heartbeat_timeout_s=1.0, poll_wait_s=0.2, sweep_interval_s=0.1
+    )
+    with ThreadedServer(settings) as server, httpx.Client(base_url=server.url) as client:
+        a, b = ProtocolNode(client, "a"), ProtocolNode(client, "b")
+        job_id = submit(client, machines=2)
+        a_part = a.poll()["start"][0]["part_id"]
+        b.poll()
+        a.finish(a_part, "failed", reason="peer_failure", message="rank 0 lost a peer")
+        assert job(client, job_id)["error"]["reason"] == "peer_failure"
+
+        def explained() -> bool:
+            a.poll()
+            return bool(job(client, job_id)["error"]["reason"] == "node_lost")
+
+        wait_for(explained, timeout_s=10, what="node b to be declared lost")
+        assert job(client, job_id)["error"]["node"] == "b"
