@@ -114,7 +114,9 @@ class Coordinator:
             )
             return node.id
 
-    def poll_node(self, node_id: int, active_part_ids: list[int]) -> PollResponse:
+    def poll_node(
+        self, node_id: int, active_part_ids: list[int], waiting_for_port: list[int]
+    ) -> PollResponse:
         """Heartbeat, place what can be placed, and tell the node what to
         start and what to stop."""
         with self.db.write() as session:
@@ -137,12 +139,11 @@ class Coordinator:
                 for p in mine
                 if p.status == PartStatus.ASSIGNED.value and p.id not in reported
             ]
+            waiting = set(waiting_for_port)
             rendezvous = [
                 Rendezvous(part_id=p.id, master_port=port)
                 for p in mine
-                if p.id is not None
-                and p.machine_id > 0
-                and (port := attempts[p.attempt_id].master_port) is not None
+                if p.id in waiting and (port := attempts[p.attempt_id].master_port) is not None
             ]
             # Stop what the node runs but should not: parts asked to stop, and
             # parts the server has already settled (or never gave this node).

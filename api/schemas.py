@@ -227,6 +227,11 @@ class PollRequest(_Strict):
     active_part_ids: list[Id] = Field(
         default_factory=list, max_length=1024, description="Parts with processes on this node"
     )
+    waiting_for_port: list[Id] = Field(
+        default_factory=list,
+        max_length=1024,
+        description="Parts (machine > 0) whose rendezvous port this node still lacks",
+    )
     wait_s: float = Field(0, ge=0, le=30, description="Long-poll: wait this long for news")
 
 
@@ -259,7 +264,7 @@ class PollResponse(BaseModel):
     start: list[Assignment]
     stop: list[int] = Field(description="Part ids whose processes must be stopped")
     rendezvous: list[Rendezvous] = Field(
-        default_factory=list, description="Rendezvous ports for parts of this node"
+        default_factory=list, description="Ports now known for parts in `waiting_for_port`"
     )
 
 

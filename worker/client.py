@@ -65,8 +65,16 @@ class ServerClient:
     def register(self, registration: NodeRegistration) -> NodeRegistered:
         return NodeRegistered.model_validate(self._post("/nodes/register", registration))
 
-    def poll(self, node_id: int, active_part_ids: list[int], wait_s: float) -> PollResponse:
-        request = PollRequest(active_part_ids=active_part_ids, wait_s=wait_s)
+    def poll(
+        self,
+        node_id: int,
+        active_part_ids: list[int],
+        waiting_for_port: list[int],
+        wait_s: float,
+    ) -> PollResponse:
+        request = PollRequest(
+            active_part_ids=active_part_ids, waiting_for_port=waiting_for_port, wait_s=wait_s
+        )
         try:
             data = self._post(f"/nodes/{node_id}/poll", request, extra_wait_s=wait_s)
         except Refused as exc:

@@ -24,6 +24,7 @@ from worker.settings import WorkerSettings
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 5.0
+RENDEZVOUS_CHECK_S = 0.1
 
 
 def count_gpus() -> int:
@@ -140,8 +141,18 @@ class Worker:
         if self.parts:
             # Come back soon enough to ship progress and notice exits.
             wait = min(wait, self.settings.report_interval_s)
+        if any(
+            p.assignment.machine_id == 0 and not p.rendezvous_known for p in self.parts.values()
+        ):
+            # Peers wait for the port machine 0's launcher is about to bind.
+            wait = min(wait, RENDEZVOUS_CHECK_S)
+        waiting_for_port = sorted(
+            part_id
+            for part_id, p in self.parts.items()
+            if p.assignment.machine_id > 0 and not p.rendezvous_known
+        )
         try:
-            response = self.client.poll(self.node_id, sorted(self.parts), wait)
+            response = self.client.poll(self.node_id, sorted(self.parts), waiting_for_port, wait)
         except NodeUnknown:
             log.warning("server no longer knows node %d; registering again", self.node_id)
             self.node_id = None

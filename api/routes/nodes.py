@@ -49,8 +49,10 @@ async def poll(
     deadline = time.monotonic() + min(request.wait_s, settings.poll_wait_s)
     while True:
         event = notifier.current()
-        response = await run_in_threadpool(coordinator.poll_node, node_id, request.active_part_ids)
+        response = await run_in_threadpool(
+            coordinator.poll_node, node_id, request.active_part_ids, request.waiting_for_port
+        )
         remaining = deadline - time.monotonic()
-        if response.start or response.stop or remaining <= 0:
+        if response.start or response.stop or response.rendezvous or remaining <= 0:
             return response
         await notifier.wait(event, remaining)

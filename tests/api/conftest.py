@@ -77,10 +77,18 @@ class ProtocolNode:
         )
         self.name = name
 
-    def poll(self, active: list[int] | None = None, wait_s: float = 0) -> dict[str, Any]:
-        response = self.client.post(
-            f"/nodes/{self.node_id}/poll", json={"active_part_ids": active or [], "wait_s": wait_s}
-        )
+    def poll(
+        self,
+        active: list[int] | None = None,
+        wait_s: float = 0,
+        waiting_for_port: list[int] | None = None,
+    ) -> dict[str, Any]:
+        body = {
+            "active_part_ids": active or [],
+            "waiting_for_port": waiting_for_port or [],
+            "wait_s": wait_s,
+        }
+        response = self.client.post(f"/nodes/{self.node_id}/poll", json=body)
         result: dict[str, Any] = response.raise_for_status().json()
         return result
 

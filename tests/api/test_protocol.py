@@ -4,6 +4,7 @@ so every state can be reached exactly."""
 from __future__ import annotations
 
 import threading
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ def test_machine_0_publishes_the_rendezvous_port_to_the_others(client: httpx.Cli
     part0, part1 = starts[first.name]["part_id"], starts[second.name]["part_id"]
     # Nobody knows the port until machine 0's launcher has bound it.
     assert starts[second.name]["master_port"] is None
-    assert second.poll([part1])["rendezvous"] == []
+    assert second.poll([part1], waiting_for_port=[part1])["rendezvous"] == []
 
     def bind(node: ProtocolNode, part_id: int, port: int) -> httpx.Response:
         return client.post(
@@ -64,7 +65,10 @@ def test_machine_0_publishes_the_rendezvous_port_to_the_others(client: httpx.Cli
     assert bind(first, part0, 40001).json() == {"accepted": True}
     assert bind(first, part0, 40001).json() == {"accepted": True}  # a resend is harmless
     assert bind(first, part0, 40002).status_code == 409  # but it cannot move
-    assert second.poll([part1])["rendezvous"] == [{"part_id": part1, "master_port": 40001}]
+    assert second.poll([part1], waiting_for_port=[part1])["rendezvous"] == [
+        {"part_id": part1, "master_port": 40001}
+    ]
+    assert second.poll([part1])["rendezvous"] == []  # once known, not repeated
     view = job(client, job_id)
     assert (view["master_addr"], view["master_port"]) == ("127.0.0.1", 40001)
 
@@ -80,21 +84,31 @@ def test_nccl_without_gpus_stays_queued_with_a_reason(client: httpx.Client) -> N
     assert [s["job_id"] for s in gpu.poll()["start"]] == [job_id]
 
 
+def heartbeat(client: httpx.Client, name: str) -> datetime:
+    """When the node last polled."""
+    node = next(n for n in client.get("/nodes").json() if n["name"] == name)
+    return datetime.fromisoformat(node["last_heartbeat_at"])
+
+
+# Polls may be held 30 s; the tests give them 10 s to answer, so only a poll
+# woken by the news (not one that ran out its wait) passes.
+LONG_POLL = {"poll_wait_s": 30.0, "heartbeat_timeout_s": 60.0}
+
+
 def test_a_long_poll_is_woken_by_a_new_job(tmp_path: Path) -> None:
-    # The poll waits up to 5 s; the job must reach it while it waits.
     with (
-        ThreadedServer(make_settings(tmp_path, poll_wait_s=5.0)) as server,
-        httpx.Client(base_url=server.url, timeout=15) as client,
+        ThreadedServer(make_settings(tmp_path, **LONG_POLL)) as server,
+        httpx.Client(base_url=server.url, timeout=60) as client,
     ):
         node = ProtocolNode(client, "a")
         answers: list[dict[str, Any]] = []
-        poller = threading.Thread(target=lambda: answers.append(node.poll(wait_s=5.0)))
+        poller = threading.Thread(target=lambda: answers.append(node.poll(wait_s=30.0)))
+        polling_since = heartbeat(client, "a")
         poller.start()
-        wait_for(lambda: client.get("/nodes").json()[0]["last_heartbeat_at"], what="the poll")
+        wait_for(lambda: heartbeat(client, "a") > polling_since, what="the poll to be waiting")
         job_id = submit(client)
         poller.join(10)
-        # Either the poll was already running when the job arrived (woken) or
-        # it saw the job straight away; both must hand it over in this poll.
+        assert not poller.is_alive(), "the poll was not woken by the new job"
         assert [s["job_id"] for s in answers[0]["start"]] == [job_id]
 
 
@@ -277,3 +291,33 @@ def test_a_lost_node_explains_a_failure_its_peers_only_felt(tmp_path: Path) -> N
 
         wait_for(explained, timeout_s=10, what="node b to be declared lost")
         assert job(client, job_id)["error"]["node"] == "b"
+
+
+def test_a_waiting_peer_hears_the_port_within_its_poll(tmp_path: Path) -> None:
+    with (
+        ThreadedServer(make_settings(tmp_path, **LONG_POLL)) as server,
+        httpx.Client(base_url=server.url, timeout=60) as client,
+    ):
+        a, b = ProtocolNode(client, "a"), ProtocolNode(client, "b")
+        submit(client, machines=2)
+        starts = {n.name: n.poll()["start"][0] for n in (a, b)}
+        first, second = (a, b) if starts["a"]["machine_id"] == 0 else (b, a)
+        waiting = starts[second.name]["part_id"]
+        answers: list[dict[str, Any]] = []
+        poller = threading.Thread(
+            target=lambda: answers.append(
+                second.poll([waiting], wait_s=30.0, waiting_for_port=[waiting])
+            )
+        )
+        polling_since = heartbeat(client, second.name)
+        poller.start()
+        wait_for(
+            lambda: heartbeat(client, second.name) > polling_since, what="the poll to be waiting"
+        )
+        client.post(
+            f"/parts/{starts[first.name]['part_id']}/rendezvous",
+            json={"node_id": first.node_id, "master_port": 41000},
+        ).raise_for_status()
+        poller.join(10)
+        assert not poller.is_alive(), "the waiting peer was not woken by the port"
+        assert answers[0]["rendezvous"] == [{"part_id": waiting, "master_port": 41000}]
