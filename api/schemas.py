@@ -45,6 +45,37 @@ class Topology(_Strict):
         return self
 
 
+class Performance(_Strict):
+    """How the training runs, not what it computes: every option keeps the
+    recipe's maths (see BENCHMARKS.md for what each one buys here)."""
+
+    data_pipeline: Literal["tensor", "torchvision"] = Field(
+        "tensor",
+        description="tensor: MNIST normalised once, batches gathered by index in the "
+        "DistributedSampler's order; torchvision: the recipe's per-image "
+        "ToTensor/Normalize DataLoader (the same samples, bit for bit)",
+    )
+    threads_per_process: int | None = Field(
+        None, ge=1, le=256, description="Intra-op threads; none: the node's cores // processes"
+    )
+    channels_last: bool = Field(True, description="NHWC activations (fast max-pool on CPU)")
+    pool_before_relu: bool = Field(
+        True,
+        description="max-pool then ReLU: the same values and gradients as ReLU then "
+        "max-pool, on 4x fewer elements",
+    )
+    dropout_masks: Literal["uniform", "bernoulli"] = Field(
+        "uniform",
+        description="uniform: keep where U[0,1) >= p (the same Bernoulli(1-p) masks, "
+        "drawn faster than torch's bernoulli_)",
+    )
+    start_method: Literal["fork", "spawn"] = Field(
+        "fork", description="How the launcher starts ranks; fork skips a second torch import"
+    )
+    gradient_as_bucket_view: bool = Field(True, description="DDP option: no gradient copies")
+    bucket_cap_mb: float = Field(25.0, gt=0, le=1024, description="DDP all-reduce bucket size")
+
+
 class JobSpec(_Strict):
     """What a user asks for. Immutable once submitted."""
 
@@ -70,6 +101,7 @@ class JobSpec(_Strict):
     max_steps_per_epoch: int | None = Field(
         None, ge=1, le=10_000_000, description="Cut each epoch short (smoke runs)"
     )
+    performance: Performance = Field(default_factory=Performance)
 
 
 # --- progress, results, errors ------------------------------------------------
@@ -98,6 +130,7 @@ class TrainResult(_Strict):
     eval_seconds: float | None = Field(None, ge=0)
     epoch_seconds: list[float] = Field(default_factory=list)
     samples_per_sec: float | None = Field(None, ge=0)
+    threads_per_process: int | None = Field(None, ge=1)
 
 
 class JobError(BaseModel):

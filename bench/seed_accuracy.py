@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from api.schemas import JobSpec
-from bench.orchestrator_overhead import run_direct
+from bench._runs import run_direct
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,5 +1,6 @@
 """What a trainer is given: who it is in the job, where the data is, and how
-to report progress. Trainers know nothing of HTTP or of the server."""
+to report progress and save checkpoints. Trainers know nothing of HTTP or of
+the server."""
 
 from __future__ import annotations
 
@@ -11,10 +12,8 @@ import torch
 
 from api.schemas import JobSpec
 
-Report = Callable[..., None]
 
-
-def _no_report(**_: object) -> None:
+def _nothing(**_: object) -> None:
     return None
 
 
@@ -31,7 +30,12 @@ class TrainContext:
     started_at: float
     # report(epoch=, batch=, batches_per_epoch=, loss=, samples_per_sec=);
     # a no-op on every rank but 0.
-    report: Report = _no_report
+    report: Callable[..., None] = _nothing
+    # checkpoint(model=, optimizer=, epoch=, step=) at the end of an epoch;
+    # a no-op on every rank but 0.
+    checkpoint: Callable[..., None] = _nothing
+    # A checkpoint to continue from, or None to start afresh.
+    resume: Path | None = None
 
     @property
     def is_master(self) -> bool:

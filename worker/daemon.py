@@ -18,7 +18,7 @@ from types import FrameType
 from api.schemas import Assignment, NodeRegistration, PartFinished
 from worker import trainers
 from worker.client import NodeUnknown, Refused, ServerClient, ServerUnavailable
-from worker.part import PartProcess
+from worker.part import PartProcess, WarmLauncher
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ class Worker:
         self._exit_requested = False
         self._server_down_since: float | None = None
         self._backoff_s = 0.5
+        self._warm: WarmLauncher | None = None
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -95,6 +96,7 @@ class Worker:
             return
         self._server_available()
         self.node_id = registered.node_id
+        self._prewarm()
         log.info(
             "registered as node %d (%s, %s) with %s",
             self.node_id,
@@ -103,8 +105,20 @@ class Worker:
             self.settings.server_url,
         )
 
+    def _prewarm(self) -> None:
+        """Ready a launcher while the node is idle (never while parts run:
+        its imports would take CPU from their training)."""
+        if (
+            self.settings.prewarm
+            and not self.parts
+            and (self._warm is None or not self._warm.alive())
+        ):
+            self._warm = WarmLauncher(self.settings.work_dir.resolve() / "warm-launcher.log")
+
     def _shutdown(self) -> None:
         """Stop every part this node still runs and say so, best effort."""
+        if self._warm is not None:
+            self._warm.discard()
         for part in self.parts.values():
             part.request_stop()
         deadline = time.monotonic() + self.settings.stop_grace_s + 5
@@ -184,8 +198,9 @@ class Worker:
             assignment.master_addr,
             assignment.master_port or "(port to come)",
         )
+        warm, self._warm = self._warm, None
         try:
-            part = PartProcess.launch(assignment, self.settings)
+            part = PartProcess.launch(assignment, self.settings, warm)
         except OSError as exc:
             log.error("could not launch part %d: %s", assignment.part_id, exc)
             self._send_finish(
@@ -250,6 +265,7 @@ class Worker:
                         report.status,
                     )
                     del self.parts[part_id]
+        self._prewarm()
 
     def _publish_port(self, part_id: int, part: PartProcess) -> None:
         assert self.node_id is not None

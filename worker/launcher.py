@@ -8,9 +8,10 @@ launch.json to train without the server (the benchmark does).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
-import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -31,7 +32,11 @@ PEER_FAILURE_SIGNS = (
 
 
 def _classify(traceback_text: str) -> str:
-    return "peer_failure" if any(s in traceback_text for s in PEER_FAILURE_SIGNS) else "rank_failed"
+    if "RendezvousTimeout" in traceback_text:
+        return "rendezvous_failed"
+    if any(sign in traceback_text for sign in PEER_FAILURE_SIGNS):
+        return "peer_failure"
+    return "rank_failed"
 
 
 def _tail(text: str) -> str:
@@ -49,11 +54,7 @@ def _could_not(step: str, machine_id: int, exc: Exception) -> runfiles.Outcome:
     )
 
 
-class RendezvousTimeout(RuntimeError):
-    pass
-
-
-def host_store(config: runfiles.LaunchConfig) -> tuple[Any, int]:
+def host_store(config: runfiles.LaunchConfig) -> Any:
     """Machine 0: bind the job's TCPStore on a port the OS picks (so it is
     free on this host, whatever else runs here) and publish the port.
 
@@ -71,20 +72,7 @@ def host_store(config: runfiles.LaunchConfig) -> tuple[Any, int]:
         wait_for_workers=False,
     )
     runfiles.write_rendezvous(config.run_dir, store.port)
-    return store, store.port
-
-
-def await_port(config: runfiles.LaunchConfig, poll_s: float = 0.05) -> int:
-    """Other machines: the daemon writes the port once the server has it."""
-    deadline = time.monotonic() + config.process_group_timeout_s
-    while (port := runfiles.read_rendezvous(config.run_dir)) is None:
-        if time.monotonic() > deadline:
-            raise RendezvousTimeout(
-                f"machine 0 did not publish a rendezvous port within "
-                f"{config.process_group_timeout_s:.0f} s"
-            )
-        time.sleep(poll_s)
-    return port
+    return store
 
 
 def launch(config: runfiles.LaunchConfig) -> runfiles.Outcome:
@@ -101,23 +89,35 @@ def launch(config: runfiles.LaunchConfig) -> runfiles.Outcome:
 
     from worker.rank import run_rank
 
+    # Ranks first, then the store: a forked rank must not inherit the store's
+    # server thread. The ranks wait for the port the store publishes.
+    ranks = mp.start_processes(
+        run_rank,
+        args=(config, os.getpid()),
+        nprocs=processes,
+        join=False,
+        start_method=assignment.spec.performance.start_method,
+    )
     try:
-        if assignment.machine_id == 0:
-            # The store lives as long as this frame, that is until the ranks exit.
-            store, port = host_store(config)
-        else:
-            store, port = None, await_port(config)
+        # The store lives as long as this frame, that is until the ranks exit.
+        store = host_store(config) if assignment.machine_id == 0 else None
     except Exception as exc:
+        for process in ranks.processes:
+            process.terminate()
+        with contextlib.suppress(Exception):
+            ranks.join()
         return _could_not("rendezvous", assignment.machine_id, exc)
 
     first_rank = assignment.machine_id * processes
     try:
-        assert store is not None or assignment.machine_id > 0
-        mp.spawn(run_rank, args=(config, os.getpid(), port), nprocs=processes, join=True)
+        while not ranks.join():
+            pass
     except mp.ProcessRaisedException as exc:
         rank = first_rank + exc.error_index
         reason = _classify(exc.msg)
-        what = "lost a peer" if reason == "peer_failure" else "raised an exception"
+        what = {"peer_failure": "lost a peer", "rendezvous_failed": "could not rendezvous"}.get(
+            reason, "raised an exception"
+        )
         return runfiles.Outcome(
             status="failed",
             reason=reason,
@@ -140,16 +140,13 @@ def launch(config: runfiles.LaunchConfig) -> runfiles.Outcome:
             failing_rank=rank,
             exit_code=exc.exit_code,
         )
+    del store
     return runfiles.Outcome(status="succeeded", exit_code=0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m worker.launcher RUN_DIR", file=sys.stderr)
-        return 2
-    config = runfiles.read_launch(Path(args[0]))
-    die_with_parent(config.parent_pid, sig=15)
+def run(run_dir: Path) -> int:
+    config = runfiles.read_launch(run_dir)
+    die_with_parent(config.parent_pid, sig=signal.SIGTERM)
     outcome = launch(config)
     runfiles.write_outcome(config.run_dir, outcome)
     if outcome.status == "failed":
@@ -157,5 +154,43 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if outcome.status == "succeeded" else 1
 
 
+def warm() -> int:
+    """Import torch and the built-in trainers now, then wait on stdin for the
+    run directory of the part to launch: the daemon keeps one of these ready
+    between jobs, so a job does not wait the seconds these imports take."""
+    import torch.distributed  # noqa: F401
+    import torch.multiprocessing  # noqa: F401
+
+    import worker.rank  # noqa: F401
+
+    trainers.preload()
+    line = sys.stdin.readline().strip()
+    if not line:
+        return 0  # the daemon let it go unused
+    run_dir = Path(line)
+    # From here on, everything this process and its ranks print is the part's.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(run_dir / runfiles.OUTPUT, "ab") as output:
+        os.dup2(output.fileno(), 1)
+        os.dup2(output.fileno(), 2)
+    return run(run_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--warm"]:
+        return warm()
+    if len(args) != 1:
+        print("usage: python -m worker.launcher RUN_DIR | --warm", file=sys.stderr)
+        return 2
+    return run(Path(args[0]))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Nothing is left to clean up (the ranks are joined, the outcome is on
+    # disk), and tearing down torch's module graph takes about a second.
+    os._exit(code)

@@ -1,12 +1,20 @@
-"""The built-in trainer: the classic DDP-on-MNIST recipe, faithfully.
+"""The built-in trainer: the classic DDP-on-MNIST recipe.
 
 A small ConvNet, Adadelta, NLL loss, MNIST normalised with mean 0.1302 and
 std 0.3069, a DistributedSampler over all ranks, a per-process batch size.
-Rank 0 logs every 10 batches and measures test accuracy at the end.
+Rank 0 logs every 10 batches, checkpoints every epoch and measures test
+accuracy at the end.
+
+``spec.performance`` changes how fast this runs, never what it computes: the
+tensor data path yields the torchvision pipeline's batches bit for bit, and
+the model options give the same values and gradients (tests/unit/test_mnist.py
+and tests/e2e/test_equivalence.py hold both to it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
 
@@ -14,10 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn, optim
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from torchvision import datasets, transforms
 
-from api.schemas import TrainResult
+from api.schemas import JobSpec, TrainResult
+from worker import checkpoints
 from worker.context import TrainContext
 from worker.trainers import Trainer
 
@@ -31,26 +40,69 @@ FILES = (
     "t10k-labels-idx1-ubyte",
 )
 
+Batch = tuple[torch.Tensor, torch.Tensor]
+
 
 class Net(nn.Module):
-    def __init__(self) -> None:
+    """conv 1->16 3x3, conv 16->32 3x3, max-pool 2, dropout 0.10, fc 4608->64,
+    dropout 0.25, fc 64->10, log_softmax. Constructed with no arguments it is
+    the recipe's module, op for op."""
+
+    def __init__(
+        self,
+        *,
+        dropout: bool = True,
+        pool_before_relu: bool = False,
+        dropout_masks: str = "bernoulli",
+    ) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(1, 16, 3, 1)
         self.conv2 = nn.Conv2d(16, 32, 3, 1)
-        self.dropout1 = nn.Dropout(0.10)
-        self.dropout2 = nn.Dropout(0.25)
         self.fc1 = nn.Linear(4608, 64)
         self.fc2 = nn.Linear(64, 10)
+        self.p1, self.p2 = (0.10, 0.25) if dropout else (0.0, 0.0)
+        self.pool_before_relu = pool_before_relu
+        self.uniform_masks = dropout_masks == "uniform"
+
+    def _dropout(self, x: torch.Tensor, p: float) -> torch.Tensor:
+        if not self.training or p == 0.0:
+            return x
+        if self.uniform_masks:
+            # P(U >= p) = 1 - p: the Bernoulli(1 - p) mask F.dropout draws,
+            # from a uniform fill that is about twice as fast on CPU.
+            keep = torch.empty_like(x).uniform_() >= p
+            return x * keep * (1.0 / (1.0 - p))
+        return F.dropout(x, p, training=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.conv1(x))
-        x = F.relu(self.conv2(x))
-        x = F.max_pool2d(x, 2)
-        x = self.dropout1(x)
-        x = torch.flatten(x, 1)
-        x = F.relu(self.fc1(x))
-        x = self.dropout2(x)
+        x = self.conv2(x)
+        if self.pool_before_relu:
+            # ReLU is monotonic, so max(relu(a), relu(b)) == relu(max(a, b));
+            # gradients agree too (both are zero wherever the max is <= 0).
+            x = F.relu(F.max_pool2d(x, 2))
+        else:
+            x = F.max_pool2d(F.relu(x), 2)
+        x = self._dropout(x, self.p1)
+        # NCHW order for fc1 whatever the memory format, as the recipe flattens.
+        x = torch.flatten(x.contiguous(), 1)
+        x = self._dropout(F.relu(self.fc1(x)), self.p2)
         return F.log_softmax(self.fc2(x), dim=1)
+
+
+def build_model(spec: JobSpec, device: torch.device, *, dropout: bool = True) -> nn.Module:
+    perf = spec.performance
+    model = Net(
+        dropout=dropout,
+        pool_before_relu=perf.pool_before_relu,
+        dropout_masks=perf.dropout_masks,
+    ).to(device)
+    if perf.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+# --- data ---------------------------------------------------------------------
 
 
 class DataUnavailable(RuntimeError):
@@ -62,13 +114,14 @@ def _transform() -> transforms.Compose:
 
 
 def prepare(data_dir: Path) -> None:
-    """Make sure the MNIST files are there, downloading them only if they
-    are absent (torchvision skips the download when the files exist)."""
+    """Make sure the MNIST files are there; download them only if absent."""
+    raw = Path(data_dir).resolve() / "MNIST" / "raw"
+    if all((raw / name).exists() for name in FILES):
+        return
     try:
         datasets.MNIST(data_dir, train=True, download=True)
         datasets.MNIST(data_dir, train=False, download=True)
     except Exception as exc:
-        raw = Path(data_dir).resolve() / "MNIST" / "raw"
         raise DataUnavailable(
             f"MNIST is not in {raw} and could not be downloaded ({exc}). "
             f"Put {', '.join(FILES)} there, or point DDPO_DATA_DIR (--data-dir) "
@@ -76,49 +129,132 @@ def prepare(data_dir: Path) -> None:
         ) from exc
 
 
+def normalized_split(data_dir: Path, *, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole split as (N, 1, 28, 28) float32 images and int64 labels,
+    normalised with exactly the operations ToTensor and Normalize apply to
+    each image (divide by 255, subtract the mean, divide by the std), so every
+    element is bit-identical to the per-image pipeline's."""
+    raw = datasets.MNIST(data_dir, train=train, download=False)
+    images = raw.data.unsqueeze(1).to(torch.float32).div_(255)
+    images.sub_(torch.tensor(MEAN, dtype=torch.float32)).div_(
+        torch.tensor(STD, dtype=torch.float32)
+    )
+    return images, raw.targets.to(torch.int64)
+
+
+@dataclass
+class TrainData:
+    """The training split and the sampler that orders it for this rank:
+    either whole normalised tensors (``images``, ``labels``) or the recipe's
+    per-image ``loader``."""
+
+    sampler: DistributedSampler[int]
+    batch_size: int
+    batches_per_epoch: int
+    images: torch.Tensor | None = None
+    labels: torch.Tensor | None = None
+    loader: DataLoader[tuple[torch.Tensor, int]] | None = None
+
+    def epoch(self, epoch: int, device: torch.device) -> Iterator[Batch]:
+        # Reshuffle differently each epoch, identically on every rank.
+        self.sampler.set_epoch(epoch)
+        if self.loader is not None:
+            for data, target in self.loader:
+                yield (
+                    data.to(device, non_blocking=True),
+                    target.to(device, non_blocking=True),
+                )
+            return
+        assert self.images is not None and self.labels is not None
+        # The order the DataLoader would batch, cut the same way (last batch short).
+        order = torch.tensor(list(self.sampler), dtype=torch.int64, device=self.images.device)
+        for index in order.split(self.batch_size):
+            yield self.images[index], self.labels[index]
+
+
+def train_data(
+    spec: JobSpec, data_dir: Path, rank: int, world_size: int, device: torch.device
+) -> TrainData:
+    on_gpu = device.type == "cuda"
+    if spec.performance.data_pipeline == "torchvision":
+        dataset = datasets.MNIST(data_dir, train=True, download=False, transform=_transform())
+        sampler: DistributedSampler[int] = DistributedSampler(
+            dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=spec.seed
+        )
+        loader = DataLoader(
+            dataset, batch_size=spec.batch_size, sampler=sampler, num_workers=0, pin_memory=on_gpu
+        )
+        return TrainData(sampler, spec.batch_size, len(loader), loader=loader)
+    images, labels = normalized_split(data_dir, train=True)
+    # On a GPU the whole split (188 MB) lives on the device: no copies per batch.
+    images, labels = images.to(device), labels.to(device)
+    # The sampler only needs the length; it orders indices exactly as it
+    # would for the dataset object.
+    sampler = DistributedSampler(
+        TensorDataset(labels), num_replicas=world_size, rank=rank, shuffle=True, seed=spec.seed
+    )
+    batches = -(-len(sampler) // spec.batch_size)
+    return TrainData(sampler, spec.batch_size, batches, images=images, labels=labels)
+
+
+# --- training -----------------------------------------------------------------
+
+
+def train_step(
+    model: nn.Module, optimizer: optim.Optimizer, data: torch.Tensor, target: torch.Tensor
+) -> torch.Tensor:
+    optimizer.zero_grad()
+    loss = F.nll_loss(model(data), target)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def wrap_ddp(model: nn.Module, spec: JobSpec, ctx: TrainContext) -> DistributedDataParallel:
+    perf = spec.performance
+    return DistributedDataParallel(
+        model,
+        device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
+        gradient_as_bucket_view=perf.gradient_as_bucket_view,
+        bucket_cap_mb=perf.bucket_cap_mb,
+    )
+
+
 def train(ctx: TrainContext) -> TrainResult | None:
     spec = ctx.spec
     torch.manual_seed(spec.seed)
-    on_gpu = ctx.device.type == "cuda"
-
-    dataset = datasets.MNIST(ctx.data_dir, train=True, download=False, transform=_transform())
-    # Every rank sees a disjoint 1/world_size of the data each epoch.
-    sampler: DistributedSampler[tuple[torch.Tensor, int]] = DistributedSampler(
-        dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=spec.seed
-    )
-    loader = DataLoader(
-        dataset, batch_size=spec.batch_size, sampler=sampler, num_workers=0, pin_memory=on_gpu
-    )
-    model = Net().to(ctx.device)
-    ddp = DistributedDataParallel(model, device_ids=[ctx.local_rank] if on_gpu else None)
+    data = train_data(spec, ctx.data_dir, ctx.rank, ctx.world_size, ctx.device)
+    model = build_model(spec, ctx.device)
+    ddp = wrap_ddp(model, spec, ctx)
     optimizer = optim.Adadelta(ddp.parameters(), lr=spec.lr)
+    channels_last = spec.performance.channels_last
 
-    batches_per_epoch = len(loader)
+    first_epoch = 1
+    if ctx.resume is not None:
+        first_epoch = checkpoints.restore(ctx.resume, model, optimizer) + 1
+
+    batches_per_epoch = data.batches_per_epoch
     if spec.max_steps_per_epoch is not None:
         batches_per_epoch = min(batches_per_epoch, spec.max_steps_per_epoch)
     samples_per_batch = spec.batch_size * ctx.world_size
+    samples_per_epoch = len(data.sampler) * ctx.world_size
 
     train_started = perf_counter()
     epoch_seconds: list[float] = []
     last_epoch_loss = torch.zeros((), device=ctx.device)
-    for epoch in range(1, spec.epochs + 1):
-        # Reshuffle differently each epoch, identically on every rank.
-        sampler.set_epoch(epoch)
+    for epoch in range(first_epoch, spec.epochs + 1):
         ddp.train()
         epoch_started = window_started = perf_counter()
         window_done = 0
         epoch_loss = torch.zeros((), device=ctx.device)
-        for batch_idx, (data, target) in enumerate(loader):
+        for batch_idx, (images, target) in enumerate(data.epoch(epoch, ctx.device)):
             if batch_idx >= batches_per_epoch:
                 break
-            data = data.to(ctx.device, non_blocking=True)
-            target = target.to(ctx.device, non_blocking=True)
-            optimizer.zero_grad()
-            loss = F.nll_loss(ddp(data), target)
-            loss.backward()
-            optimizer.step()
+            if channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            loss = train_step(ddp, optimizer, images, target)
             # Accumulate on the device: no host sync on batches we don't log.
-            epoch_loss += loss.detach()
+            epoch_loss += loss
             done = batch_idx + 1
             if ctx.is_master and (batch_idx % LOG_EVERY == 0 or done == batches_per_epoch):
                 now = perf_counter()
@@ -126,7 +262,7 @@ def train(ctx: TrainContext) -> TrainResult | None:
                 rate = (done - window_done) * samples_per_batch / max(now - window_started, 1e-9)
                 window_started, window_done = now, done
                 print(
-                    f"Train Epoch: {epoch} [{done * samples_per_batch}/{len(dataset)} "
+                    f"Train Epoch: {epoch} [{done * samples_per_batch}/{samples_per_epoch} "
                     f"({100.0 * done / batches_per_epoch:.0f}%)]\tLoss: {value:.6f}",
                     flush=True,
                 )
@@ -139,14 +275,18 @@ def train(ctx: TrainContext) -> TrainResult | None:
                 )
         epoch_seconds.append(perf_counter() - epoch_started)
         last_epoch_loss = epoch_loss / batches_per_epoch
+        ctx.checkpoint(
+            model=model, optimizer=optimizer, epoch=epoch, step=epoch * batches_per_epoch
+        )
     train_seconds = perf_counter() - train_started
 
     if not ctx.is_master:
         return None
     eval_started = perf_counter()
-    test_loss, accuracy = evaluate(model, ctx.data_dir, ctx.device)
+    test_loss, accuracy = evaluate(model, spec, ctx.data_dir, ctx.device)
     eval_seconds = perf_counter() - eval_started
     print(f"Test set: average loss {test_loss:.4f}, accuracy {100 * accuracy:.2f}%", flush=True)
+    steps = len(epoch_seconds) * batches_per_epoch
     return TrainResult(
         train_loss=float(last_epoch_loss.item()),
         test_loss=test_loss,
@@ -155,26 +295,35 @@ def train(ctx: TrainContext) -> TrainResult | None:
         train_seconds=round(train_seconds, 3),
         eval_seconds=round(eval_seconds, 3),
         epoch_seconds=[round(s, 3) for s in epoch_seconds],
-        samples_per_sec=round(
-            spec.epochs * batches_per_epoch * samples_per_batch / train_seconds, 1
-        ),
+        samples_per_sec=round(steps * samples_per_batch / max(train_seconds, 1e-9), 1),
+        threads_per_process=torch.get_num_threads(),
     )
 
 
-def evaluate(model: nn.Module, data_dir: Path, device: torch.device) -> tuple[float, float]:
+def evaluate(
+    model: nn.Module, spec: JobSpec, data_dir: Path, device: torch.device
+) -> tuple[float, float]:
     """Average loss and accuracy on the 10,000-image test set (the plain
     module, not the DDP wrapper: only rank 0 runs this)."""
-    test_set = datasets.MNIST(data_dir, train=False, download=False, transform=_transform())
-    loader = DataLoader(test_set, batch_size=TEST_BATCH_SIZE)
+    if spec.performance.data_pipeline == "torchvision":
+        test_set = datasets.MNIST(data_dir, train=False, download=False, transform=_transform())
+        batches: Iterator[Batch] = iter(DataLoader(test_set, batch_size=TEST_BATCH_SIZE))
+        total = len(test_set)
+    else:
+        images, labels = normalized_split(data_dir, train=False)
+        batches = zip(images.split(TEST_BATCH_SIZE), labels.split(TEST_BATCH_SIZE), strict=True)
+        total = len(labels)
     model.eval()
     total_loss, correct = 0.0, 0
     with torch.no_grad():
-        for data, target in loader:
+        for data, target in batches:
             data, target = data.to(device), target.to(device)
+            if spec.performance.channels_last:
+                data = data.contiguous(memory_format=torch.channels_last)
             output = model(data)
             total_loss += F.nll_loss(output, target, reduction="sum").item()
             correct += int((output.argmax(dim=1) == target).sum().item())
-    return total_loss / len(test_set), correct / len(test_set)
+    return total_loss / total, correct / total
 
 
 TRAINER = Trainer(train=train, prepare=prepare)

@@ -20,6 +20,47 @@ from worker.settings import WorkerSettings
 log = logging.getLogger(__name__)
 
 
+def _launcher_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+class WarmLauncher:
+    """A launcher started ahead of time (``--warm``): torch and the built-in
+    trainers are imported while the node is idle, and it waits for the run
+    directory of the next part on its stdin."""
+
+    def __init__(self, log_path: Path) -> None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "worker.launcher", "--warm"],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=_launcher_env(),
+            )
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def hand_over(self, run_dir: Path) -> subprocess.Popen[bytes]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"{run_dir}\n".encode())
+        self.process.stdin.close()
+        return self.process
+
+    def discard(self) -> None:
+        """An empty line (EOF) tells it to exit; SIGKILL if it does not."""
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            self.process.stdin.close()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            signal_group(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
 def run_dir_for(work_dir: Path, assignment: Assignment) -> Path:
     return (
         work_dir
@@ -40,7 +81,9 @@ class PartProcess:
     rendezvous_known: bool = False
 
     @classmethod
-    def launch(cls, assignment: Assignment, settings: WorkerSettings) -> PartProcess:
+    def launch(
+        cls, assignment: Assignment, settings: WorkerSettings, warm: WarmLauncher | None = None
+    ) -> PartProcess:
         run_dir = run_dir_for(settings.work_dir.resolve(), assignment)
         config = runfiles.LaunchConfig(
             assignment=assignment,
@@ -54,16 +97,19 @@ class PartProcess:
         known = assignment.master_port is not None and assignment.machine_id > 0
         if assignment.master_port is not None and known:
             runfiles.write_rendezvous(run_dir, assignment.master_port)
-        with open(run_dir / runfiles.OUTPUT, "ab") as output:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "worker.launcher", str(run_dir)],
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                # Its own session: one signal to the group reaches every rank.
-                start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+        if warm is not None and warm.alive():
+            process = warm.hand_over(run_dir)
+        else:
+            with open(run_dir / runfiles.OUTPUT, "ab") as output:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "worker.launcher", str(run_dir)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    # Its own session: one signal to the group reaches every rank.
+                    start_new_session=True,
+                    env=_launcher_env(),
+                )
         return cls(
             assignment, run_dir, process, runfiles.ProgressReader(run_dir), rendezvous_known=known
         )

@@ -1,7 +1,9 @@
-"""One rank: join the process group, run the trainer, always leave the group."""
+"""One rank: its threads, its place in the process group, the trainer, and
+always leaving the group."""
 
 from __future__ import annotations
 
+import functools
 import os
 import traceback
 from datetime import timedelta
@@ -10,30 +12,40 @@ from time import perf_counter
 import torch
 import torch.distributed as dist
 
-from worker import runfiles, trainers
+from worker import checkpoints, runfiles, trainers
 from worker._process import die_with_parent
 from worker.context import TrainContext
 
 
-def run_rank(
-    local_rank: int, config: runfiles.LaunchConfig, launcher_pid: int, master_port: int
-) -> None:
-    """The function ``mp.spawn`` runs in each process of this machine."""
+def threads_for(config: runfiles.LaunchConfig) -> int:
+    """The spec's choice, else this node's share: its cores over the local ranks."""
+    chosen = config.assignment.spec.performance.threads_per_process
+    if chosen is not None:
+        return chosen
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // config.local_processes)
+
+
+def run_rank(local_rank: int, config: runfiles.LaunchConfig, launcher_pid: int) -> None:
+    """The function the launcher starts in each process of this machine."""
     started_at = perf_counter()
     die_with_parent(launcher_pid)
+    # Before any tensor work: the pool is sized once.
+    torch.set_num_threads(threads_for(config))
     assignment = config.assignment
     spec = assignment.spec
     rank = assignment.machine_id * spec.topology.num_processes + local_rank
     world_size = spec.topology.world_size
+    master_port = runfiles.await_rendezvous(config.run_dir, config.process_group_timeout_s)
     os.environ.update(
         MASTER_ADDR=assignment.master_addr,
         MASTER_PORT=str(master_port),
-        # Machine 0's launcher hosts the store; every rank is its client.
-        TORCHELASTIC_USE_AGENT_STORE="True",
         WORLD_SIZE=str(world_size),
         RANK=str(rank),
         LOCAL_RANK=str(local_rank),
         LOCAL_WORLD_SIZE=str(spec.topology.num_processes),
+        # Machine 0's launcher hosts the store; every rank is its client.
+        TORCHELASTIC_USE_AGENT_STORE="True",
     )
     if spec.backend == "nccl":
         torch.cuda.set_device(local_rank)
@@ -51,6 +63,12 @@ def run_rank(
     report = runfiles.ProgressWriter(config.run_dir) if rank == 0 else None
     try:
         trainer = trainers.resolve(spec.trainer, config.trainers)
+        extra = {}
+        if rank == 0:
+            extra = {
+                "report": report,
+                "checkpoint": functools.partial(checkpoints.save, config.run_dir, spec=spec),
+            }
         context = TrainContext(
             spec=spec,
             rank=rank,
@@ -60,14 +78,15 @@ def run_rank(
             device=device,
             data_dir=config.data_dir,
             started_at=started_at,
-            **({"report": report} if report else {}),
+            resume=config.resume_from,
+            **extra,  # type: ignore[arg-type]
         )
         result = trainer.train(context)
         if rank == 0 and result is not None:
             runfiles.write_result(config.run_dir, result)
     except BaseException:
-        # mp.spawn relays this to the launcher too; printing it here puts it
-        # in the part's log with the rank that raised it.
+        # The launcher relays this too; printing it here puts it in the
+        # part's log with the rank that raised it.
         print(f"rank {rank} failed:\n{traceback.format_exc()}", flush=True)
         raise
     finally:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
@@ -41,6 +42,7 @@ class LaunchConfig(BaseModel):
     trainers: dict[str, str] = Field(default_factory=dict)
     process_group_timeout_s: float
     parent_pid: int
+    resume_from: Path | None = Field(None, description="A checkpoint to continue from")
 
     @property
     def local_processes(self) -> int:
@@ -88,6 +90,21 @@ def read_rendezvous(run_dir: Path) -> int | None:
         port: int = json.loads((run_dir / RENDEZVOUS).read_text())["master_port"]
     except FileNotFoundError:
         return None
+    return port
+
+
+class RendezvousTimeout(RuntimeError):
+    pass
+
+
+def await_rendezvous(run_dir: Path, timeout_s: float, poll_s: float = 0.02) -> int:
+    """The port of the job's store: machine 0's launcher writes it once bound;
+    on other machines the daemon writes it once the server has it."""
+    deadline = time.monotonic() + timeout_s
+    while (port := read_rendezvous(run_dir)) is None:
+        if time.monotonic() > deadline:
+            raise RendezvousTimeout(f"no rendezvous port from machine 0 within {timeout_s:.0f} s")
+        time.sleep(poll_s)
     return port
 
 

@@ -52,6 +52,10 @@ class WorkerSettings(BaseSettings):
         300.0, gt=0, description="torch.distributed timeout for rendezvous and collectives"
     )
     request_timeout_s: float = Field(30.0, gt=0)
+    prewarm: bool = Field(
+        True,
+        description="Keep a launcher with torch imported ready while idle (saves seconds a job)",
+    )
 
     @field_validator("trainers")
     @classmethod

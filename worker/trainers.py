@@ -38,3 +38,9 @@ def resolve(name: str, extra: dict[str, str]) -> Trainer:
     if not isinstance(trainer, Trainer):
         raise TypeError(f"{targets[name]} is not a worker.trainers.Trainer")
     return trainer
+
+
+def preload() -> None:
+    """Import the built-in trainers' modules (and with them torch)."""
+    for target in BUILTIN.values():
+        importlib.import_module(target.partition(":")[0])

@@ -1,0 +1,82 @@
+"""Which performance options pay, here: each run trains the same steps
+through our launcher (real DDP, real process group) with every default on
+but one, alternating, and reports the training loop's time per step.
+
+    python -m bench.ablation --data-dir ../shared/data --steps 150 --rounds 2
+
+An option is on by default only where this shows a gain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from api.schemas import JobSpec, Performance, Topology
+from bench._runs import alternate, run_direct
+
+DEFAULTS = Performance()
+# The value each option is switched to when it is left out.
+LEFT_OUT: dict[str, Any] = {
+    "data_pipeline": "torchvision",
+    "channels_last": False,
+    "pool_before_relu": False,
+    "dropout_masks": "bernoulli",
+    "gradient_as_bucket_view": False,
+    "start_method": "spawn",
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path(os.environ.get("DDPO_DATA_DIR", "./data"))
+    )
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+    batch = 128 // args.processes
+
+    def spec(**change: Any) -> JobSpec:
+        return JobSpec(
+            topology=Topology(num_processes=args.processes),
+            batch_size=batch,
+            max_steps_per_epoch=args.steps,
+            performance=DEFAULTS.model_copy(update=change),
+        )
+
+    variants = {"all defaults": spec()}
+    variants.update({f"without {name}": spec(**{name: value}) for name, value in LEFT_OUT.items()})
+    variants["recipe (all off)"] = spec(**LEFT_OUT)
+
+    with tempfile.TemporaryDirectory(prefix="ddpo-bench-") as tmp:
+        work = Path(tmp)
+
+        def runner(name: str, job: JobSpec) -> Any:
+            def run() -> Any:
+                result = run_direct(job, args.data_dir, work)
+                result.way = name
+                return result
+
+            return run
+
+        runs = alternate(args.rounds, {name: runner(name, job) for name, job in variants.items()})
+
+    print(f"\n1 machine x {args.processes} process(es), batch {batch}, {args.steps} steps")
+    base = statistics.mean(r.train_s or 0 for r in runs if r.way == "all defaults") / args.steps
+    print(f"{'variant':<32} {'ms/step':>8} {'vs defaults':>12} {'wall s':>8}")
+    for name in variants:
+        step = statistics.mean(r.train_s or 0 for r in runs if r.way == name) / args.steps
+        wall = statistics.mean(r.wall_s for r in runs if r.way == name)
+        print(f"{name:<32} {1000 * step:8.1f} {step / base:11.2f}x {wall:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
