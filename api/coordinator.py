@@ -7,9 +7,11 @@ placement decisions through api.scheduling.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from fastapi import HTTPException
 from sqlmodel import Session
@@ -226,6 +228,49 @@ class Coordinator:
                 report.master_port,
             )
             return True
+
+    def check_checkpoint_upload(self, part_id: int, node_id: int) -> None:
+        """Refuse an upload before its bytes are read: wrong node, not machine 0."""
+        with self.db.read() as session:
+            part = _owned_part(session, part_id, node_id)
+            if part.machine_id != 0:
+                raise HTTPException(
+                    409, f"part {part_id} is machine {part.machine_id}; rank 0 is on machine 0"
+                )
+
+    def record_checkpoint(
+        self, part_id: int, node_id: int, epoch: int, staged: Path, size: int
+    ) -> bool:
+        """Keep an uploaded checkpoint (a staged file) as the job's newest."""
+        with self.db.write() as session:
+            part = _owned_part(session, part_id, node_id)
+            job = _job_or_404(session, part.job_id, for_update=True)
+            if job.current_attempt_id != part.attempt_id or (
+                job.checkpoint_epoch is not None and epoch < job.checkpoint_epoch
+            ):
+                staged.unlink(missing_ok=True)
+                return False
+            folder = self.settings.artifacts_dir / f"job-{job.id}"
+            folder.mkdir(parents=True, exist_ok=True)
+            final = folder / f"epoch-{epoch}.pt"
+            os.replace(staged, final)
+            if job.checkpoint_file and job.checkpoint_file != final.name:
+                (folder / job.checkpoint_file).unlink(missing_ok=True)
+            job.checkpoint_epoch, job.checkpoint_file, job.checkpoint_bytes = (
+                epoch,
+                final.name,
+                size,
+            )
+            log.info("job %d: checkpoint of epoch %d kept (%d bytes)", job.id, epoch, size)
+            return True
+
+    def checkpoint_path(self, job_id: int) -> tuple[Path, int]:
+        with self.db.read() as session:
+            job = _job_or_404(session, job_id)
+            if job.checkpoint_file is None or job.checkpoint_epoch is None:
+                raise HTTPException(404, f"job {job_id} has no checkpoint yet")
+            path = self.settings.artifacts_dir / f"job-{job_id}" / job.checkpoint_file
+            return path, job.checkpoint_epoch
 
     def record_progress(self, part_id: int, batch: ProgressBatch) -> bool:
         with self.db.write() as session:

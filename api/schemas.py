@@ -182,6 +182,12 @@ class TimingPublic(BaseModel):
     eval_seconds: float | None = None
 
 
+class CheckpointPublic(BaseModel):
+    epoch: int
+    size_bytes: int
+    url: str = Field(description="GET it: a torch.save'd dict; its 'model' is the state_dict")
+
+
 class JobPublic(BaseModel):
     id: int
     name: str | None
@@ -197,6 +203,9 @@ class JobPublic(BaseModel):
     timing: TimingPublic
     result: TrainResult | None = None
     error: JobError | None = None
+    checkpoint: CheckpointPublic | None = Field(
+        None, description="The newest checkpoint (after the last epoch: the final model)"
+    )
 
 
 class JobsPublic(BaseModel):

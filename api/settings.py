@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -24,6 +26,8 @@ class ServerSettings(BaseSettings):
     )
     sweep_interval_s: float = Field(1.0, gt=0, description="How often lost nodes are looked for")
     max_page_size: int = Field(500, ge=1)
+    artifacts_dir: Path = Field(Path("./artifacts"), description="Uploaded checkpoints")
+    max_checkpoint_mb: int = Field(2048, ge=1, description="Largest checkpoint accepted")
     log_level: str = "info"
 
     @model_validator(mode="after")

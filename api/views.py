@@ -11,6 +11,7 @@ from sqlmodel import Session
 
 from api.lifecycle import JobStatus
 from api.schemas import (
+    CheckpointPublic,
     JobError,
     JobPublic,
     JobSpec,
@@ -110,6 +111,13 @@ def job_public(
         timing=timing,
         result=result,
         error=JobError.model_validate(job.error) if job.error else None,
+        checkpoint=CheckpointPublic(
+            epoch=job.checkpoint_epoch,
+            size_bytes=job.checkpoint_bytes or 0,
+            url=f"/jobs/{job.id}/model",
+        )
+        if job.checkpoint_epoch is not None
+        else None,
     )
 
 

@@ -66,6 +66,10 @@ class Job(SQLModel, table=True):
     progress_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     error: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    # The newest checkpoint rank 0 uploaded: a file under the artifacts directory.
+    checkpoint_epoch: int | None = None
+    checkpoint_file: str | None = None
+    checkpoint_bytes: int | None = None
 
 
 class Attempt(SQLModel, table=True):

@@ -1,12 +1,11 @@
 """Checkpoints: a plain dict (model, optimizer, epoch, step, spec, RNG state)
 written by rank 0 at the end of each epoch, to a temporary file then renamed,
 so a crash never leaves half of one. Files are named by epoch and never
-rewritten, so a reader always gets the epoch the name says."""
+rewritten (see runfiles.checkpoint_path)."""
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +13,7 @@ import torch
 from torch import nn, optim
 
 from api.schemas import JobSpec
-
-PATTERN = re.compile(r"^checkpoint-epoch-(\d+)\.pt$")
-
-
-def path_for(run_dir: Path, epoch: int) -> Path:
-    return run_dir / f"checkpoint-epoch-{epoch}.pt"
+from worker import runfiles
 
 
 def save(
@@ -43,32 +37,17 @@ def save(
     }
     if torch.cuda.is_initialized():
         state["cuda_rng"] = torch.cuda.get_rng_state()
-    path = path_for(run_dir, epoch)
+    path = runfiles.checkpoint_path(run_dir, epoch)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    for older, older_epoch in _all(run_dir):
+    for older, older_epoch in runfiles.checkpoints(run_dir):
         if older_epoch < epoch:
             older.unlink(missing_ok=True)
     return path
-
-
-def _all(run_dir: Path) -> list[tuple[Path, int]]:
-    found = []
-    for entry in run_dir.iterdir() if run_dir.exists() else []:
-        match = PATTERN.match(entry.name)
-        if match:
-            found.append((entry, int(match.group(1))))
-    return sorted(found, key=lambda pair: pair[1])
-
-
-def latest(run_dir: Path) -> tuple[Path, int] | None:
-    """The newest complete checkpoint and its epoch."""
-    found = _all(run_dir)
-    return found[-1] if found else None
 
 
 def restore(path: Path, model: nn.Module, optimizer: optim.Optimizer) -> int:

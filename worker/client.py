@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 from pydantic import BaseModel
 
@@ -54,6 +56,10 @@ class ServerClient:
             )
         except httpx.HTTPError as exc:
             raise ServerUnavailable(f"{path}: {exc!r}") from exc
+        return self._check(path, response)
+
+    @staticmethod
+    def _check(path: str, response: httpx.Response) -> object:
         if response.status_code >= 500:
             raise ServerUnavailable(f"{path}: {response.status_code} {response.text[:200]}")
         if response.status_code >= 400:
@@ -92,6 +98,20 @@ class ServerClient:
     def rendezvous(self, part_id: int, node_id: int, master_port: int) -> bool:
         body = RendezvousBound(node_id=node_id, master_port=master_port)
         return Ack.model_validate(self._post(f"/parts/{part_id}/rendezvous", body)).accepted
+
+    def upload_checkpoint(self, part_id: int, node_id: int, epoch: int, path: Path) -> bool:
+        try:
+            with open(path, "rb") as body:
+                response = self._http.put(
+                    f"/parts/{part_id}/checkpoint",
+                    params={"node_id": node_id, "epoch": epoch},
+                    content=body,
+                    headers={"content-type": "application/octet-stream"},
+                    timeout=self._timeout_s * 10,
+                )
+        except httpx.HTTPError as exc:
+            raise ServerUnavailable(f"checkpoint upload: {exc!r}") from exc
+        return Ack.model_validate(self._check(f"/parts/{part_id}/checkpoint", response)).accepted
 
     def progress(self, part_id: int, node_id: int, reports: list[ProgressReport]) -> bool:
         body = ProgressBatch(node_id=node_id, reports=reports)

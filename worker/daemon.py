@@ -16,7 +16,7 @@ import time
 from types import FrameType
 
 from api.schemas import Assignment, NodeRegistration, PartFinished
-from worker import trainers
+from worker import runfiles, trainers
 from worker.client import NodeUnknown, Refused, ServerClient, ServerUnavailable
 from worker.part import PartProcess, WarmLauncher
 from worker.settings import WorkerSettings
@@ -254,6 +254,8 @@ class Worker:
             part.unsent.extend(part.progress.read_new())
             if part.unsent and not self._ship_progress(part_id, part):
                 continue  # keep order: no finish before its progress is in
+            if part.assignment.machine_id == 0 and not self._upload_checkpoint(part_id, part):
+                continue  # nor before its last checkpoint is
             if ended:
                 report = part.final_report(self.node_id)
                 if self._send_finish(part_id, report):
@@ -280,6 +282,25 @@ class Worker:
         except Refused as exc:
             log.warning("rendezvous of part %d refused: %s", part_id, exc)
         part.rendezvous_known = True
+
+    def _upload_checkpoint(self, part_id: int, part: PartProcess) -> bool:
+        """Send rank 0's newest checkpoint if the server lacks it. False: try later."""
+        assert self.node_id is not None
+        latest = runfiles.latest_checkpoint(part.run_dir)
+        if latest is None or latest[1] <= part.uploaded_epoch:
+            return True
+        path, epoch = latest
+        try:
+            self.client.upload_checkpoint(part_id, self.node_id, epoch, path)
+        except ServerUnavailable as exc:
+            self._server_unavailable(exc)
+            return False
+        except FileNotFoundError:
+            return False  # replaced by a newer epoch's meanwhile: take that one next turn
+        except Refused as exc:
+            log.warning("checkpoint of part %d refused: %s", part_id, exc)
+        part.uploaded_epoch = epoch
+        return True
 
     def _ship_progress(self, part_id: int, part: PartProcess) -> bool:
         assert self.node_id is not None

@@ -220,11 +220,13 @@ def wrap_ddp(model: nn.Module, spec: JobSpec, ctx: TrainContext) -> DistributedD
     )
 
 
-def train(ctx: TrainContext) -> TrainResult | None:
+def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
+    """The training loop every rank runs. ``dropout=False`` is for checking
+    the maths across topologies (tests/e2e/trainers.py), not for users."""
     spec = ctx.spec
     torch.manual_seed(spec.seed)
     data = train_data(spec, ctx.data_dir, ctx.rank, ctx.world_size, ctx.device)
-    model = build_model(spec, ctx.device)
+    model = build_model(spec, ctx.device, dropout=dropout)
     ddp = wrap_ddp(model, spec, ctx)
     optimizer = optim.Adadelta(ddp.parameters(), lr=spec.lr)
     channels_last = spec.performance.channels_last

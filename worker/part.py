@@ -79,6 +79,7 @@ class PartProcess:
     stop_requested_at: float | None = None
     killed: bool = False
     rendezvous_known: bool = False
+    uploaded_epoch: int = 0
 
     @classmethod
     def launch(

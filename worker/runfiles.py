@@ -7,14 +7,16 @@ than 0 once the server knows the port; machine 0's launcher writes
 ranks write
 ``progress.jsonl`` (rank 0, appended), ``result.json`` (rank 0, at the end)
 and ``outcome.json`` (the launcher, how the part ended); their stdout and
-stderr go to ``output.log``. Files survive crashes, so the daemon can always
-tell what happened, and progress lines arrive in order.
+stderr go to ``output.log``; rank 0 adds ``checkpoint-epoch-N.pt`` files.
+Files survive crashes, so the daemon can always tell what happened, and
+progress lines arrive in order.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -124,6 +126,29 @@ def write_outcome(run_dir: Path, outcome: Outcome) -> None:
 def read_outcome(run_dir: Path) -> Outcome | None:
     path = run_dir / OUTCOME
     return Outcome.model_validate_json(path.read_text()) if path.exists() else None
+
+
+CHECKPOINT = re.compile(r"^checkpoint-epoch-(\d+)\.pt$")
+
+
+def checkpoint_path(run_dir: Path, epoch: int) -> Path:
+    """Named by epoch and never rewritten: a reader gets the epoch the name says."""
+    return run_dir / f"checkpoint-epoch-{epoch}.pt"
+
+
+def checkpoints(run_dir: Path) -> list[tuple[Path, int]]:
+    """The complete checkpoints in the run directory, oldest first."""
+    found = []
+    for entry in run_dir.iterdir() if run_dir.exists() else []:
+        match = CHECKPOINT.match(entry.name)
+        if match:
+            found.append((entry, int(match.group(1))))
+    return sorted(found, key=lambda pair: pair[1])
+
+
+def latest_checkpoint(run_dir: Path) -> tuple[Path, int] | None:
+    found = checkpoints(run_dir)
+    return found[-1] if found else None
 
 
 class ProgressWriter:

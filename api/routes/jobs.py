@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from fastapi.responses import FileResponse
 
 from api import views
 from api.deps import CoordinatorDep, DatabaseDep, JobId, NotifierDep, SettingsDep
@@ -61,3 +62,18 @@ def get_metrics(
 ) -> MetricsPublic:
     """Rank 0's loss and throughput reports for the current attempt."""
     return views.read_metrics(db=db, job_id=job_id, max_points=max_points)
+
+
+@router.get(
+    "/{job_id}/model",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+def download_model(job_id: JobId, coordinator: CoordinatorDep) -> FileResponse:
+    """The newest checkpoint: ``torch.load(f)["model"]`` is the state_dict
+    (after the last epoch of a succeeded job: the final model); it also holds
+    the optimizer, epoch, step, spec and RNG state to resume from."""
+    path, epoch = coordinator.checkpoint_path(job_id)
+    return FileResponse(
+        path, media_type="application/octet-stream", filename=f"job-{job_id}-epoch-{epoch}.pt"
+    )

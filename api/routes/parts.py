@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import os
+import uuid
+from typing import Annotated
 
-from api.deps import CoordinatorDep, NotifierDep, PartId
-from api.schemas import Ack, PartFinished, PartStarted, ProgressBatch, RendezvousBound
+from fastapi import APIRouter, HTTPException, Query, Request
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import CoordinatorDep, NotifierDep, PartId, SettingsDep
+from api.schemas import DB_INT_MAX, Ack, PartFinished, PartStarted, ProgressBatch, RendezvousBound
 
 router = APIRouter(prefix="/parts", tags=["worker protocol"])
 
@@ -38,4 +43,55 @@ def part_finished(
 ) -> Ack:
     accepted = coordinator.finish_part(part_id, body)
     notifier.notify()
+    return Ack(accepted=accepted)
+
+
+@router.put(
+    "/{part_id}/checkpoint",
+    response_model=Ack,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        }
+    },
+)
+async def upload_checkpoint(
+    part_id: PartId,
+    request: Request,
+    coordinator: CoordinatorDep,
+    settings: SettingsDep,
+    node_id: Annotated[int, Query(ge=1, le=DB_INT_MAX)],
+    epoch: Annotated[int, Query(ge=1, le=DB_INT_MAX)],
+) -> Ack:
+    """Rank 0's checkpoint after ``epoch``, as the raw bytes torch.save wrote.
+    The newest one is served at ``GET /jobs/{id}/model``."""
+    await run_in_threadpool(coordinator.check_checkpoint_upload, part_id, node_id)
+    limit = settings.max_checkpoint_mb * 2**20
+    incoming = settings.artifacts_dir / ".incoming"
+    incoming.mkdir(parents=True, exist_ok=True)
+    staged = incoming / uuid.uuid4().hex
+    size = 0
+    try:
+        with open(staged, "wb") as f:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise HTTPException(
+                        413,
+                        "body: checkpoint larger than "
+                        f"DDPO_MAX_CHECKPOINT_MB={settings.max_checkpoint_mb}",
+                    )
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        if size == 0:
+            raise HTTPException(422, "body: the checkpoint is empty")
+        accepted = await run_in_threadpool(
+            coordinator.record_checkpoint, part_id, node_id, epoch, staged, size
+        )
+    finally:
+        staged.unlink(missing_ok=True)
     return Ack(accepted=accepted)

@@ -29,7 +29,12 @@ def cluster(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         data_dir=mnist_dir,
         workers=2,
         extra_env={"PYTHONPATH": str(REPO)},
-        worker_args=["--trainer", "crash=tests.e2e.trainers:CRASH"],
+        worker_args=[
+            "--trainer",
+            "crash=tests.e2e.trainers:CRASH",
+            "--trainer",
+            "mnist-no-dropout=tests.e2e.trainers:NO_DROPOUT",
+        ],
     ) as running:
         yield running
 

@@ -3,10 +3,13 @@ operator would: ``--trainer name=module:attribute``)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 
 from api.schemas import TrainResult
+from worker import mnist
 from worker.context import TrainContext
 from worker.trainers import Trainer
 
@@ -21,3 +24,8 @@ def _last_rank_raises(ctx: TrainContext) -> TrainResult | None:
 
 
 CRASH = Trainer(train=_last_rank_raises)
+
+
+# The built-in MNIST training with dropout off, so that runs over different
+# topologies must agree to float tolerance.
+NO_DROPOUT = Trainer(train=functools.partial(mnist.train, dropout=False), prepare=mnist.prepare)
