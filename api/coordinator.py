@@ -36,6 +36,8 @@ from api.schemas import (
     ProgressBatch,
     Rendezvous,
     RendezvousBound,
+    StudyCreate,
+    Topology,
 )
 from api.settings import ServerSettings
 from db import queries
@@ -66,19 +68,48 @@ class Coordinator:
             return job.id
 
     def cancel_job(self, job_id: int) -> None:
-        now = utcnow()
         with self.db.write() as session:
             job = _job_or_404(session, job_id, for_update=True)
             status = JobStatus(job.status)
             if not can_cancel(status):
                 raise HTTPException(409, f"job {job_id} is already {status.value}")
-            if status is JobStatus.QUEUED:
-                _set_job_status(session, job, JobStatus.CANCELLED, now)
-            elif status is JobStatus.RUNNING:
-                _set_job_status(session, job, JobStatus.CANCELLING, now)
-                _stop_active_parts(session, job)
-                _settle(session, job, now)
-            log.info("job %d: cancel requested (was %s)", job_id, status.value)
+            _cancel(session, job, utcnow())
+
+    def submit_study(self, create: StudyCreate) -> int:
+        """The study and all its jobs, queued at once; they run in row order."""
+        with self.db.write() as session:
+            study = queries.insert_study(session=session, name=create.name)
+            assert study.id is not None
+            for index, row in enumerate(create.rows):
+                spec = create.spec.model_copy(
+                    update={
+                        "topology": Topology(
+                            num_machines=row.num_machines, num_processes=row.num_processes
+                        ),
+                        "batch_size": row.batch_size,
+                        "name": f"{create.name or f'study {study.id}'}: "
+                        f"{row.num_machines} x {row.num_processes}, batch {row.batch_size}",
+                    }
+                )
+                queries.insert_job(
+                    session=session,
+                    spec=spec.model_dump(mode="json"),
+                    name=spec.name,
+                    study_id=study.id,
+                    study_index=index,
+                )
+            self._schedule(session)
+            log.info("study %d submitted with %d row(s)", study.id, len(create.rows))
+            return study.id
+
+    def cancel_study(self, study_id: int) -> None:
+        with self.db.write() as session:
+            if queries.get_study(session=session, study_id=study_id) is None:
+                raise HTTPException(404, f"study {study_id} not found")
+            now = utcnow()
+            for job in queries.jobs_of_studies(session=session, study_ids=[study_id]):
+                if can_cancel(JobStatus(job.status)):
+                    _cancel(session, job, now)
 
     # --- nodes ----------------------------------------------------------------
 
@@ -377,6 +408,12 @@ class Coordinator:
             for node_id, n in nodes.items()
         ]
         jobs = {j.id: j for j in queue if j.id is not None}
+        # A study's jobs run one after another: each waits for the one before.
+        for job_id, before in queries.study_predecessors(session=session, jobs=queue).items():
+            if not JobStatus(before.status).is_terminal():
+                jobs.pop(
+                    job_id
+                ).pending_reason = f"study {before.study_id}: waiting for job {before.id} to end"
         decisions = plan(
             [(job_id, JobSpec.model_validate(j.spec)) for job_id, j in jobs.items()], capacity
         )
@@ -416,6 +453,17 @@ class Coordinator:
 
 
 # --- steps shared by the methods above ----------------------------------------
+
+
+def _cancel(session: Session, job: Job, now: datetime) -> None:
+    status = JobStatus(job.status)
+    if status is JobStatus.QUEUED:
+        _set_job_status(session, job, JobStatus.CANCELLED, now)
+    elif status is JobStatus.RUNNING:
+        _set_job_status(session, job, JobStatus.CANCELLING, now)
+        _stop_active_parts(session, job)
+        _settle(session, job, now)
+    log.info("job %d: cancel requested (was %s)", job.id, status.value)
 
 
 def _job_or_404(session: Session, job_id: int, *, for_update: bool = False) -> Job:

@@ -135,3 +135,18 @@ def settle_job(current: JobStatus, parts: Iterable[PartStatus]) -> JobStatus:
     if current is JobStatus.CANCELLING and all(s.is_terminal() for s in statuses):
         return JobStatus.CANCELLED
     return current
+
+
+def study_status(jobs: Iterable[JobStatus]) -> JobStatus:
+    """A study's status from its jobs': running until every job has ended,
+    then succeeded only if all did, cancelled if any was, else failed."""
+    statuses = list(jobs)
+    if all(s is JobStatus.QUEUED for s in statuses):
+        return JobStatus.QUEUED
+    if not all(s.is_terminal() for s in statuses):
+        return JobStatus.RUNNING
+    if all(s is JobStatus.SUCCEEDED for s in statuses):
+        return JobStatus.SUCCEEDED
+    if any(s is JobStatus.CANCELLED for s in statuses):
+        return JobStatus.CANCELLED
+    return JobStatus.FAILED

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from api.coordinator import Coordinator
 from api.lifecycle import IllegalTransition
 from api.notifier import Notifier
-from api.routes import health, jobs, nodes, parts
+from api.routes import health, jobs, nodes, parts, studies
 from api.settings import ServerSettings
 from db.engine import Database
 
@@ -54,7 +54,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.db = db
     app.state.notifier = notifier
     app.state.coordinator = coordinator
-    for router in (jobs.router, nodes.router, parts.router, health.router):
+    for router in (jobs.router, studies.router, nodes.router, parts.router, health.router):
         app.include_router(router)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(IllegalTransition, _illegal_transition)

@@ -213,6 +213,67 @@ class JobsPublic(BaseModel):
     count: int = Field(description="Jobs matching the filter, ignoring limit/offset")
 
 
+# --- scaling studies ----------------------------------------------------------
+
+
+class StudyRow(_Strict):
+    """One topology of a study; the batch size is per process."""
+
+    num_machines: int = Field(1, ge=1, le=64)
+    num_processes: int = Field(ge=1, le=64)
+    batch_size: int = Field(ge=1, le=65536)
+
+    @model_validator(mode="after")
+    def _world_size_within_limit(self) -> StudyRow:
+        Topology(num_machines=self.num_machines, num_processes=self.num_processes)
+        return self
+
+
+def _default_rows() -> list[StudyRow]:
+    # The recipe's table: the global batch stays 128.
+    return [StudyRow(num_processes=p, batch_size=128 // p) for p in (1, 2, 4, 8)]
+
+
+class StudyCreate(_Strict):
+    name: str | None = Field(None, max_length=128)
+    spec: JobSpec = Field(
+        default_factory=JobSpec,
+        description="The training to repeat; each row replaces its topology and batch size",
+    )
+    rows: list[StudyRow] = Field(default_factory=_default_rows, min_length=1, max_length=32)
+
+
+class StudyRowPublic(BaseModel):
+    job_id: int
+    status: JobStatus
+    num_machines: int
+    num_processes: int
+    world_size: int
+    batch_size: int = Field(description="Per process")
+    global_batch_size: int
+    threads_per_process: int | None = None
+    wall_seconds: float | None = Field(None, description="The job's running time")
+    training_seconds: float | None = None
+    samples_per_sec: float | None = None
+    speedup: float | None = Field(None, description="First row's training time / this row's")
+    efficiency: float | None = Field(None, description="speedup / (world size / first row's)")
+    train_loss: float | None = None
+    test_accuracy: float | None = None
+
+
+class StudyPublic(BaseModel):
+    id: int
+    name: str | None
+    status: JobStatus
+    created_at: datetime
+    spec: JobSpec
+    rows: list[StudyRowPublic]
+
+
+class StudiesPublic(BaseModel):
+    data: list[StudyPublic]
+
+
 class MetricPoint(BaseModel):
     epoch: int
     batch: int

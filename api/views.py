@@ -9,7 +9,7 @@ from datetime import datetime
 from fastapi import HTTPException
 from sqlmodel import Session
 
-from api.lifecycle import JobStatus
+from api.lifecycle import JobStatus, study_status
 from api.schemas import (
     CheckpointPublic,
     JobError,
@@ -22,12 +22,15 @@ from api.schemas import (
     NodePublic,
     PartPublic,
     ProgressPublic,
+    StudiesPublic,
+    StudyPublic,
+    StudyRowPublic,
     TimingPublic,
     TrainResult,
 )
 from db import queries
 from db.engine import Database
-from db.models import Attempt, Job, Node, Part, utcnow
+from db.models import Attempt, Job, Node, Part, Study, utcnow
 
 
 def percent_done(*, epoch: int, batch: int, batches_per_epoch: int, epochs: int) -> float:
@@ -216,3 +219,79 @@ def read_nodes(*, db: Database) -> list[NodePublic]:
         )
         for n in nodes
     ]
+
+
+def study_rows(jobs: list[Job], now: datetime) -> list[StudyRowPublic]:
+    """The scaling table: speedup and efficiency against the first row."""
+    rows = []
+    baseline: tuple[float, int] | None = None  # first row's training seconds, world size
+    for job in jobs:
+        spec = JobSpec.model_validate(job.spec)
+        result = TrainResult.model_validate(job.result) if job.result else None
+        world_size = spec.topology.world_size
+        training = result.train_seconds if result else None
+        if job.study_index == 0 and training:
+            baseline = (training, world_size)
+        speedup = round(baseline[0] / training, 3) if baseline and training else None
+        rows.append(
+            StudyRowPublic(
+                job_id=job.id or 0,
+                status=JobStatus(job.status),
+                num_machines=spec.topology.num_machines,
+                num_processes=spec.topology.num_processes,
+                world_size=world_size,
+                batch_size=spec.batch_size,
+                global_batch_size=spec.batch_size * world_size,
+                threads_per_process=result.threads_per_process if result else None,
+                wall_seconds=_seconds(job.started_at, job.finished_at or now)
+                if job.started_at
+                else None,
+                training_seconds=training,
+                samples_per_sec=result.samples_per_sec if result else None,
+                speedup=speedup,
+                efficiency=round(speedup / (world_size / baseline[1]), 3)
+                if speedup and baseline
+                else None,
+                train_loss=result.train_loss if result else None,
+                test_accuracy=result.test_accuracy if result else None,
+            )
+        )
+    return rows
+
+
+def _public_studies(session: Session, studies: list[Study]) -> list[StudyPublic]:
+    jobs: dict[int, list[Job]] = defaultdict(list)
+    for job in queries.jobs_of_studies(
+        session=session, study_ids=[s.id for s in studies if s.id is not None]
+    ):
+        if job.study_id is not None:
+            jobs[job.study_id].append(job)
+    now = utcnow()
+    public = []
+    for study in studies:
+        mine = jobs.get(study.id or 0, [])
+        public.append(
+            StudyPublic(
+                id=study.id or 0,
+                name=study.name,
+                status=study_status(JobStatus(j.status) for j in mine),
+                created_at=study.created_at,
+                spec=JobSpec.model_validate(mine[0].spec) if mine else JobSpec(),
+                rows=study_rows(mine, now),
+            )
+        )
+    return public
+
+
+def read_study(*, db: Database, study_id: int) -> StudyPublic:
+    with db.read() as session:
+        study = queries.get_study(session=session, study_id=study_id)
+        if study is None:
+            raise HTTPException(404, f"study {study_id} not found")
+        return _public_studies(session, [study])[0]
+
+
+def read_studies(*, db: Database, limit: int, offset: int) -> StudiesPublic:
+    with db.read() as session:
+        studies = queries.list_studies(session=session, limit=limit, offset=offset)
+        return StudiesPublic(data=_public_studies(session, studies))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli import local_cluster
+from cli import local_cluster, studies
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,6 +20,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     local_cluster.add_arguments(local)
     local.set_defaults(run=local_cluster.run)
+    study = commands.add_parser(
+        "study",
+        help="run a scaling study on a server and print its table",
+        description=studies.__doc__,
+    )
+    studies.add_arguments(study)
+    study.set_defaults(run=studies.run)
     args = parser.parse_args(argv)
     return int(args.run(args))
 

@@ -14,6 +14,7 @@ import httpx
 from cli import render
 from cli.cluster import LocalCluster
 from cli.jobs import add_spec_arguments, follow, spec_from_args, submit
+from cli.studies import add_study_arguments, run_study, study_request
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="database, logs and run directories (default ./local-cluster)",
     )
     parser.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
+    parser.add_argument(
+        "--study",
+        action="store_true",
+        help="run a scaling study (see --rows) instead of one job, and print its table",
+    )
+    add_study_arguments(parser)
     add_spec_arguments(parser)
 
 
@@ -47,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
     with cluster:
         print(f"server at {cluster.url} (logs: {cluster.state_dir})", flush=True)
         with httpx.Client(base_url=cluster.url, timeout=30) as client:
+            if args.study:
+                study = run_study(client, study_request(args))
+                print(render.study_table(study))
+                return 0 if study.status.value == "succeeded" else 1
             job = submit(client, spec_from_args(args))
             print(
                 f"submitted job {job.id}; follow it with: curl {cluster.url}/jobs/{job.id}",

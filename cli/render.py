@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from api.schemas import JobPublic
+from api.schemas import JobPublic, StudyPublic
 
 
 def progress_line(job: JobPublic, width: int = 30) -> str:
@@ -54,4 +54,28 @@ def summary(job: JobPublic) -> str:
         lines.append(f"error ({e.reason}): {e.message}")
         if e.traceback_tail:
             lines.append("  " + e.traceback_tail.strip().replace("\n", "\n  "))
+    return "\n".join(lines)
+
+
+def _f(value: float | None, fmt: str) -> str:
+    return format(value, fmt) if value is not None else "-"
+
+
+def study_table(study: StudyPublic) -> str:
+    spec = study.spec
+    lines = [
+        f"study {study.id} {study.status.value}: trainer {spec.trainer}, {spec.epochs} epoch(s), "
+        f"{spec.backend}; speedup and efficiency against the first row's training time",
+        f"{'topology':<10} {'batch':>6} {'threads':>7} {'wall s':>7} {'train s':>8} "
+        f"{'samples/s':>10} {'speedup':>8} {'effic.':>7} {'loss':>7} {'test acc':>9}  status",
+    ]
+    for row in study.rows:
+        accuracy = f"{100 * row.test_accuracy:.2f}%" if row.test_accuracy is not None else "-"
+        lines.append(
+            f"{f'{row.num_machines} x {row.num_processes}':<10} {row.batch_size:>6} "
+            f"{_f(row.threads_per_process, 'd'):>7} {_f(row.wall_seconds, '.1f'):>7} "
+            f"{_f(row.training_seconds, '.1f'):>8} {_f(row.samples_per_sec, ',.0f'):>10} "
+            f"{_f(row.speedup, '.2f'):>8} {_f(row.efficiency, '.2f'):>7} "
+            f"{_f(row.train_loss, '.4f'):>7} {accuracy:>9}  {row.status.value}"
+        )
     return "\n".join(lines)

@@ -44,9 +44,20 @@ class Node(SQLModel, table=True):
     last_heartbeat_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
+class Study(SQLModel, table=True):
+    """One training run over several topologies, one job after another."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str | None = None
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
 class Job(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     name: str | None = None
+    # Jobs of a study run in study_index order, each after the one before ends.
+    study_id: int | None = Field(default=None, foreign_key="study.id", index=True)
+    study_index: int | None = None
     spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     status: str = Field(default="queued", index=True)
     priority: int = 0

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from db.models import Attempt, Job, Node, Part, ProgressRow
+from db.models import Attempt, Job, Node, Part, ProgressRow, Study
 
 # Statuses whose processes may still exist; kept as plain strings so db/ does
 # not depend on api/ (api.lifecycle.PartStatus.is_active agrees, a test checks).
@@ -20,8 +20,15 @@ ACTIVE_PART_STATUSES = ("assigned", "running", "stopping")
 # --- jobs ---------------------------------------------------------------------
 
 
-def insert_job(*, session: Session, spec: dict[str, Any], name: str | None) -> Job:
-    job = Job(spec=spec, name=name)
+def insert_job(
+    *,
+    session: Session,
+    spec: dict[str, Any],
+    name: str | None,
+    study_id: int | None = None,
+    study_index: int | None = None,
+) -> Job:
+    job = Job(spec=spec, name=name, study_id=study_id, study_index=study_index)
     session.add(job)
     session.flush()
     return job
@@ -58,6 +65,53 @@ def queued_jobs(*, session: Session) -> list[Job]:
         .order_by(col(Job.priority).desc(), col(Job.created_at), col(Job.id))
         .with_for_update(skip_locked=True)
     )
+    return list(session.exec(statement).all())
+
+
+def study_predecessors(*, session: Session, jobs: Iterable[Job]) -> dict[int, Job]:
+    """For each study job after the first, the job of its study just before it."""
+    wanted: dict[tuple[int, int], int] = {}
+    for job in jobs:
+        if job.study_id is not None and job.study_index and job.id is not None:
+            wanted[(job.study_id, job.study_index - 1)] = job.id
+    if not wanted:
+        return {}
+    statement = select(Job).where(col(Job.study_id).in_({study for study, _ in wanted}))
+    found: dict[int, Job] = {}
+    for row in session.exec(statement).all():
+        if row.study_id is not None and row.study_index is not None:
+            job_id = wanted.get((row.study_id, row.study_index))
+            if job_id is not None:
+                found[job_id] = row
+    return found
+
+
+# --- studies ------------------------------------------------------------------
+
+
+def insert_study(*, session: Session, name: str | None) -> Study:
+    study = Study(name=name)
+    session.add(study)
+    session.flush()
+    return study
+
+
+def get_study(*, session: Session, study_id: int) -> Study | None:
+    return session.get(Study, study_id)
+
+
+def list_studies(*, session: Session, limit: int, offset: int) -> list[Study]:
+    statement = (
+        select(Study).order_by(col(Study.created_at).desc(), col(Study.id).desc()).offset(offset)
+    )
+    return list(session.exec(statement.limit(limit)).all())
+
+
+def jobs_of_studies(*, session: Session, study_ids: Iterable[int]) -> list[Job]:
+    ids = list(set(study_ids))
+    if not ids:
+        return []
+    statement = select(Job).where(col(Job.study_id).in_(ids)).order_by(col(Job.study_index))
     return list(session.exec(statement).all())
 
 

@@ -83,9 +83,11 @@ class Net(nn.Module):
             x = F.relu(F.max_pool2d(x, 2))
         else:
             x = F.max_pool2d(F.relu(x), 2)
-        x = self._dropout(x, self.p1)
-        # NCHW order for fc1 whatever the memory format, as the recipe flattens.
-        x = torch.flatten(x.contiguous(), 1)
+        # NCHW whatever the memory format: fc1 expects the recipe's flatten
+        # order, and dropout draws its mask in memory order, so on NCHW it
+        # masks the same elements the recipe's does.
+        x = self._dropout(x.contiguous(), self.p1)
+        x = torch.flatten(x, 1)
         x = self._dropout(F.relu(self.fc1(x)), self.p2)
         return F.log_softmax(self.fc2(x), dim=1)
 

@@ -45,7 +45,7 @@ def routes(client: httpx.Client) -> list[tuple[str, str]]:
 
 
 def fill(path: str, value: str) -> str:
-    for name in ("{job_id}", "{node_id}", "{part_id}"):
+    for name in ("{job_id}", "{node_id}", "{part_id}", "{study_id}"):
         path = path.replace(name, value)
     return path
 

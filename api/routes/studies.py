@@ -1,0 +1,53 @@
+"""Scaling studies: the same training over several topologies, one after
+another, and the table that compares them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query
+
+from api import views
+from api.deps import CoordinatorDep, DatabaseDep, NotifierDep, SettingsDep
+from api.schemas import DB_INT_MAX, StudiesPublic, StudyCreate, StudyPublic
+
+router = APIRouter(prefix="/studies", tags=["studies"])
+
+StudyId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]
+
+
+@router.post("", status_code=201, response_model=StudyPublic)
+def submit_study(
+    create: StudyCreate, coordinator: CoordinatorDep, db: DatabaseDep, notifier: NotifierDep
+) -> StudyPublic:
+    """Queues one job per row (default: 1, 2, 4, 8 processes with batch 128,
+    64, 32, 16); each starts when the one before has ended."""
+    study_id = coordinator.submit_study(create)
+    notifier.notify()
+    return views.read_study(db=db, study_id=study_id)
+
+
+@router.get("", response_model=StudiesPublic)
+def list_studies(
+    db: DatabaseDep,
+    settings: SettingsDep,
+    limit: Annotated[int, Query(ge=1)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> StudiesPublic:
+    return views.read_studies(db=db, limit=min(limit, settings.max_page_size), offset=offset)
+
+
+@router.get("/{study_id}", response_model=StudyPublic)
+def get_study(study_id: StudyId, db: DatabaseDep) -> StudyPublic:
+    """The table: per row its job, wall and training time, samples/s,
+    speedup and efficiency against the first row, loss and test accuracy."""
+    return views.read_study(db=db, study_id=study_id)
+
+
+@router.post("/{study_id}/cancel", response_model=StudyPublic)
+def cancel_study(
+    study_id: StudyId, coordinator: CoordinatorDep, db: DatabaseDep, notifier: NotifierDep
+) -> StudyPublic:
+    coordinator.cancel_study(study_id)
+    notifier.notify()
+    return views.read_study(db=db, study_id=study_id)

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from api.lifecycle import JobStatus, study_status
+from api.schemas import JobSpec, Topology, TrainResult
+from api.views import study_rows
+from db.models import Job
+
+J = JobStatus
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def test_study_status_follows_its_jobs() -> None:
+    assert study_status([J.QUEUED, J.QUEUED]) is J.QUEUED
+    assert study_status([J.SUCCEEDED, J.QUEUED]) is J.RUNNING
+    assert study_status([J.RUNNING, J.QUEUED]) is J.RUNNING
+    assert study_status([J.SUCCEEDED, J.SUCCEEDED]) is J.SUCCEEDED
+    assert study_status([J.SUCCEEDED, J.FAILED]) is J.FAILED
+    assert study_status([J.FAILED, J.CANCELLED]) is J.CANCELLED
+
+
+def job(index: int, processes: int, train_seconds: float | None) -> Job:
+    spec = JobSpec(topology=Topology(num_processes=processes), batch_size=128 // processes)
+    result = TrainResult(train_seconds=train_seconds) if train_seconds else None
+    return Job(
+        id=index + 1,
+        spec=spec.model_dump(mode="json"),
+        status="succeeded" if train_seconds else "queued",
+        study_index=index,
+        started_at=NOW if train_seconds else None,
+        finished_at=NOW + timedelta(seconds=(train_seconds or 0) + 2) if train_seconds else None,
+        result=result.model_dump(mode="json") if result else None,
+    )
+
+
+def test_speedup_and_efficiency_are_against_the_first_row() -> None:
+    rows = study_rows([job(0, 1, 20.0), job(1, 2, 10.0), job(2, 4, 8.0), job(3, 8, None)], NOW)
+    assert [r.speedup for r in rows] == [1.0, 2.0, 2.5, None]
+    assert [r.efficiency for r in rows] == [1.0, 1.0, 0.625, None]
+    assert [r.global_batch_size for r in rows] == [128, 128, 128, 128]
+    assert rows[1].wall_seconds == 12.0 and rows[3].wall_seconds is None
