@@ -69,6 +69,11 @@ class Performance(_Strict):
         description="uniform: keep where U[0,1) >= p (the same Bernoulli(1-p) masks, "
         "drawn faster than torch's bernoulli_)",
     )
+    keep_freed_memory: bool = Field(
+        True,
+        description="glibc malloc keeps freed memory for the next step instead of returning "
+        "it to the kernel (no page faults on each step's large tensors)",
+    )
     start_method: Literal["fork", "spawn"] = Field(
         "fork", description="How the launcher starts ranks; fork skips a second torch import"
     )
@@ -180,6 +185,7 @@ class TimingPublic(BaseModel):
     training_seconds: float | None = Field(None, description="Rank 0's training loop")
     setup_seconds: float | None = None
     eval_seconds: float | None = None
+    threads_per_process: int | None = Field(None, description="Intra-op threads each rank used")
 
 
 class CheckpointPublic(BaseModel):

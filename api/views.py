@@ -82,6 +82,7 @@ def job_public(
         training_seconds=result.train_seconds if result else None,
         setup_seconds=result.setup_seconds if result else None,
         eval_seconds=result.eval_seconds if result else None,
+        threads_per_process=result.threads_per_process if result else None,
     )
 
     return JobPublic(

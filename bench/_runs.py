@@ -27,7 +27,9 @@ class Run:
     accuracy: float | None
 
 
-def run_recipe(data_dir: Path, *, processes: int, batch_size: int, epochs: int) -> Run:
+def run_recipe(
+    data_dir: Path, *, processes: int, batch_size: int, epochs: int, seed: int = 0
+) -> Run:
     """bench/recipe.py in its own process: wall time from start to exit."""
     started = time.perf_counter()
     done = subprocess.run(
@@ -43,6 +45,8 @@ def run_recipe(data_dir: Path, *, processes: int, batch_size: int, epochs: int) 
             str(batch_size),
             "--epochs",
             str(epochs),
+            "--seed",
+            str(seed),
         ],
         capture_output=True,
         text=True,

@@ -27,6 +27,7 @@ LEFT_OUT: dict[str, Any] = {
     "pool_before_relu": False,
     "dropout_masks": "bernoulli",
     "gradient_as_bucket_view": False,
+    "keep_freed_memory": False,
     "start_method": "spawn",
 }
 

@@ -52,3 +52,31 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
+
+
+# glibc mallopt parameters (malloc.h).
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_MALLOC_TUNING = {
+    # Tensors up to 32 MiB come from the heap, not from fresh mmaps...
+    _M_MMAP_THRESHOLD: ("MALLOC_MMAP_THRESHOLD_", 32 * 2**20),
+    # ...and freed heap memory is kept for the next step rather than handed
+    # back to the kernel, so its pages need not be faulted in and zeroed again.
+    _M_TRIM_THRESHOLD: ("MALLOC_TRIM_THRESHOLD_", 2**30),
+    _M_TOP_PAD: ("MALLOC_TOP_PAD_", 64 * 2**20),
+}
+
+
+def keep_freed_memory() -> None:
+    """Stop glibc from returning each training step's large blocks to the
+    kernel. Applies to this process and the ranks it forks (mallopt) and to
+    those it spawns (the environment, read when they start)."""
+    for _, (variable, value) in _MALLOC_TUNING.items():
+        os.environ[variable] = str(value)
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return  # not glibc (musl, ...): nothing to tune
+    for parameter, (_, value) in _MALLOC_TUNING.items():
+        libc.mallopt(parameter, value)

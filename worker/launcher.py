@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from worker import runfiles, trainers
-from worker._process import die_with_parent
+from worker._process import die_with_parent, keep_freed_memory
 
 TRACEBACK_TAIL_CHARS = 4000
 
@@ -88,6 +88,9 @@ def launch(config: runfiles.LaunchConfig) -> runfiles.Outcome:
     import torch.multiprocessing as mp
 
     from worker.rank import run_rank
+
+    if assignment.spec.performance.keep_freed_memory:
+        keep_freed_memory()
 
     # Ranks first, then the store: a forked rank must not inherit the store's
     # server thread. The ranks wait for the port the store publishes.

@@ -286,6 +286,9 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
 
     if not ctx.is_master:
         return None
+    threads = torch.get_num_threads()
+    # This machine's other ranks are done: evaluate with all of the part's threads.
+    torch.set_num_threads(threads * spec.topology.num_processes)
     eval_started = perf_counter()
     test_loss, accuracy = evaluate(model, spec, ctx.data_dir, ctx.device)
     eval_seconds = perf_counter() - eval_started
@@ -300,7 +303,7 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
         eval_seconds=round(eval_seconds, 3),
         epoch_seconds=[round(s, 3) for s in epoch_seconds],
         samples_per_sec=round(steps * samples_per_batch / max(train_seconds, 1e-9), 1),
-        threads_per_process=torch.get_num_threads(),
+        threads_per_process=threads,
     )
 
 

@@ -3,6 +3,7 @@ real torch.distributed process groups on the real MNIST files."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import httpx
@@ -32,6 +33,7 @@ def assert_trained(jobs: Jobs, job: dict[str, Any]) -> None:
         "training_seconds",
         "setup_seconds",
         "eval_seconds",
+        "threads_per_process",
     ):
         assert timing[key] is not None, key
     assert 0 < timing["training_seconds"] < timing["running_seconds"]
@@ -57,6 +59,8 @@ def test_one_machine_two_processes(jobs: Jobs) -> None:
     assert_trained(jobs, job)
     assert [p["machine_id"] for p in job["parts"]] == [0]
     assert job["world_size"] == 2
+    # Each rank gets its share of the node's cores.
+    assert job["timing"]["threads_per_process"] == max(1, len(os.sched_getaffinity(0)) // 2)
 
 
 def test_cancel_stops_every_rank_on_every_node(jobs: Jobs, cluster: LocalCluster) -> None:
