@@ -77,7 +77,9 @@ class Performance(_Strict):
     start_method: Literal["fork", "spawn"] = Field(
         "fork", description="How the launcher starts ranks; fork skips a second torch import"
     )
-    gradient_as_bucket_view: bool = Field(True, description="DDP option: no gradient copies")
+    gradient_as_bucket_view: bool = Field(
+        False, description="DDP option (no measurable gain here, see BENCHMARKS.md)"
+    )
     bucket_cap_mb: float = Field(25.0, gt=0, le=1024, description="DDP all-reduce bucket size")
 
 
