@@ -3,6 +3,7 @@ drift in a noisy machine's speed favours none of them."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -17,6 +18,17 @@ import httpx
 
 from api.schemas import Assignment, JobPublic, JobSpec
 from worker import runfiles
+
+
+def bench_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The benchmarks' common flag: where MNIST is."""
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path(os.environ.get("DDPO_DATA_DIR", "./data"))
+    )
+    return parser
 
 
 @dataclass

@@ -9,15 +9,13 @@ An option is on by default only where this shows a gain.
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from api.schemas import JobSpec, Performance, Topology
-from bench._runs import alternate, run_direct
+from bench._runs import alternate, bench_parser, run_direct
 
 DEFAULTS = Performance()
 # The recipe's way of running: each variant switches one option to it.
@@ -34,12 +32,7 @@ OFF_BY_DEFAULT: dict[str, Any] = {"gradient_as_bucket_view": True}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--data-dir", type=Path, default=Path(os.environ.get("DDPO_DATA_DIR", "./data"))
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2)

@@ -9,25 +9,18 @@ Prints each run and the ratio of mean wall times (orchestrated / direct).
 
 from __future__ import annotations
 
-import argparse
-import os
 import tempfile
 from pathlib import Path
 
 import httpx
 
 from api.schemas import JobSpec
-from bench._runs import alternate, mean_wall, run_direct, run_orchestrated
+from bench._runs import alternate, bench_parser, mean_wall, run_direct, run_orchestrated
 from cli.cluster import LocalCluster
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--data-dir", type=Path, default=Path(os.environ.get("DDPO_DATA_DIR", "./data"))
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--max-steps-per-epoch", type=int, default=None)

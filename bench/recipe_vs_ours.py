@@ -11,25 +11,18 @@ Prints each run, both mean times and the ratio ours / recipe.
 
 from __future__ import annotations
 
-import argparse
-import os
 import tempfile
 from pathlib import Path
 
 import httpx
 
 from api.schemas import JobSpec, Topology
-from bench._runs import alternate, mean_train, mean_wall, run_orchestrated, run_recipe
+from bench._runs import alternate, bench_parser, mean_train, mean_wall, run_orchestrated, run_recipe
 from cli.cluster import LocalCluster
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--data-dir", type=Path, default=Path(os.environ.get("DDPO_DATA_DIR", "./data"))
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--epochs", type=int, default=1)

@@ -8,7 +8,6 @@ Repeated ``--rounds`` times, back to back, with the mean of each row.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import tempfile
@@ -17,18 +16,14 @@ from pathlib import Path
 import httpx
 
 from api.schemas import StudyPublic
+from bench._runs import bench_parser
 from cli import render
 from cli.cluster import LocalCluster
 from cli.studies import run_study
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--data-dir", type=Path, default=Path(os.environ.get("DDPO_DATA_DIR", "./data"))
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=1)
     args = parser.parse_args(argv)

@@ -8,23 +8,16 @@ accuracy figure is the seed.
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import tempfile
 from pathlib import Path
 
 from api.schemas import JobSpec
-from bench._runs import run_direct, run_recipe
+from bench._runs import bench_parser, run_direct, run_recipe
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--data-dir", type=Path, default=Path(os.environ.get("DDPO_DATA_DIR", "./data"))
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     args = parser.parse_args(argv)
     ours: list[float] = []
