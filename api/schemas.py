@@ -77,6 +77,11 @@ class Performance(_Strict):
     start_method: Literal["fork", "spawn"] = Field(
         "fork", description="How the launcher starts ranks; fork skips a second torch import"
     )
+    same_host_allreduce: Literal["shared_memory", "gloo"] = Field(
+        "shared_memory",
+        description="How ranks of a one-machine gloo job average gradients: through shared "
+        "memory (the same average, without TCP) or gloo's TCP all-reduce",
+    )
     gradient_as_bucket_view: bool = Field(
         False, description="DDP option (no measurable gain here, see BENCHMARKS.md)"
     )

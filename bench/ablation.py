@@ -26,6 +26,7 @@ RECIPE: dict[str, Any] = {
     "dropout_masks": "bernoulli",
     "keep_freed_memory": False,
     "start_method": "spawn",
+    "same_host_allreduce": "gloo",
 }
 # Options that are off by default, switched on.
 OFF_BY_DEFAULT: dict[str, Any] = {"gradient_as_bucket_view": True}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -36,6 +37,9 @@ class TrainContext:
     checkpoint: Callable[..., None] = _nothing
     # A checkpoint to continue from, or None to start afresh.
     resume: Path | None = None
+    # attach_comm_hook(ddp): a faster gradient average when every rank is on
+    # this host; a no-op otherwise.
+    attach_comm_hook: Callable[[Any], None] = lambda _ddp: None
 
     @property
     def is_master(self) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 
 from worker import runfiles, trainers
 from worker._process import die_with_parent, keep_freed_memory
+from worker.local_allreduce import LocalGroup
 
 TRACEBACK_TAIL_CHARS = 4000
 
@@ -75,9 +76,31 @@ def host_store(config: runfiles.LaunchConfig) -> Any:
     return store
 
 
+def same_host_group(config: runfiles.LaunchConfig) -> LocalGroup | None:
+    """Shared-memory gradient averaging, when every rank is on this host."""
+    spec = config.assignment.spec
+    if (
+        spec.topology.num_machines > 1
+        or spec.topology.num_processes == 1
+        or spec.backend != "gloo"
+        or spec.performance.same_host_allreduce != "shared_memory"
+    ):
+        return None
+    import multiprocessing
+
+    shm = Path("/dev/shm")
+    folder = shm if shm.is_dir() and os.access(shm, os.W_OK) else config.run_dir
+    return LocalGroup(
+        barrier=multiprocessing.get_context(spec.performance.start_method).Barrier(
+            spec.topology.num_processes
+        ),
+        path=folder / f"ddpo-{os.getpid()}-job{config.assignment.job_id}.gradients",
+        timeout_s=config.process_group_timeout_s,
+    )
+
+
 def launch(config: runfiles.LaunchConfig) -> runfiles.Outcome:
     assignment = config.assignment
-    processes = config.local_processes
     try:
         trainer = trainers.resolve(assignment.spec.trainer, config.trainers)
         if trainer.prepare is not None:
@@ -85,18 +108,29 @@ def launch(config: runfiles.LaunchConfig) -> runfiles.Outcome:
     except Exception as exc:
         return _could_not("prepare", assignment.machine_id, exc)
 
+    if assignment.spec.performance.keep_freed_memory:
+        keep_freed_memory()
+
+    local_group = same_host_group(config)
+    try:
+        return _run_ranks(config, local_group)
+    finally:
+        if local_group is not None:
+            local_group.path.unlink(missing_ok=True)  # if rank 0 did not get to it
+
+
+def _run_ranks(config: runfiles.LaunchConfig, local_group: LocalGroup | None) -> runfiles.Outcome:
     import torch.multiprocessing as mp
 
     from worker.rank import run_rank
 
-    if assignment.spec.performance.keep_freed_memory:
-        keep_freed_memory()
-
+    assignment = config.assignment
+    processes = config.local_processes
     # Ranks first, then the store: a forked rank must not inherit the store's
     # server thread. The ranks wait for the port the store publishes.
     ranks = mp.start_processes(
         run_rank,
-        args=(config, os.getpid()),
+        args=(config, os.getpid(), local_group),
         nprocs=processes,
         join=False,
         start_method=assignment.spec.performance.start_method,

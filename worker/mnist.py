@@ -230,6 +230,7 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
     data = train_data(spec, ctx.data_dir, ctx.rank, ctx.world_size, ctx.device)
     model = build_model(spec, ctx.device, dropout=dropout)
     ddp = wrap_ddp(model, spec, ctx)
+    ctx.attach_comm_hook(ddp)
     optimizer = optim.Adadelta(ddp.parameters(), lr=spec.lr)
     channels_last = spec.performance.channels_last
 

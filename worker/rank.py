@@ -12,7 +12,7 @@ from time import perf_counter
 import torch
 import torch.distributed as dist
 
-from worker import checkpoints, runfiles, trainers
+from worker import checkpoints, local_allreduce, runfiles, trainers
 from worker._process import die_with_parent
 from worker.context import TrainContext
 
@@ -26,7 +26,12 @@ def threads_for(config: runfiles.LaunchConfig) -> int:
     return max(1, (cores or 1) // config.local_processes)
 
 
-def run_rank(local_rank: int, config: runfiles.LaunchConfig, launcher_pid: int) -> None:
+def run_rank(
+    local_rank: int,
+    config: runfiles.LaunchConfig,
+    launcher_pid: int,
+    local_group: local_allreduce.LocalGroup | None = None,
+) -> None:
     """The function the launcher starts in each process of this machine."""
     started_at = perf_counter()
     die_with_parent(launcher_pid)
@@ -63,12 +68,16 @@ def run_rank(local_rank: int, config: runfiles.LaunchConfig, launcher_pid: int) 
     report = runfiles.ProgressWriter(config.run_dir) if rank == 0 else None
     try:
         trainer = trainers.resolve(spec.trainer, config.trainers)
-        extra = {}
+        extra: dict[str, object] = {}
         if rank == 0:
             extra = {
                 "report": report,
                 "checkpoint": functools.partial(checkpoints.save, config.run_dir, spec=spec),
             }
+        if local_group is not None:
+            extra["attach_comm_hook"] = functools.partial(
+                local_allreduce.attach, group=local_group, rank=rank, world_size=world_size
+            )
         context = TrainContext(
             spec=spec,
             rank=rank,

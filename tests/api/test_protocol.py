@@ -220,11 +220,12 @@ def test_a_node_cannot_report_for_another_nodes_part(client: httpx.Client) -> No
     owner_name = job(client, job_id)["parts"][0]["node_name"]
     owner, other = (a, b) if owner_name == "a" else (b, a)
     part_id = owner.poll()["start"][0]["part_id"]
-    for path, body in [
+    attempts: list[tuple[str, dict[str, object]]] = [
         ("finish", {"status": "succeeded"}),
         ("started", {}),
         ("progress", {"reports": []}),
-    ]:
+    ]
+    for path, body in attempts:
         response = client.post(f"/parts/{part_id}/{path}", json={"node_id": other.node_id, **body})
         assert response.status_code == 403
         assert (

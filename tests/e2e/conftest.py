@@ -33,6 +33,8 @@ def cluster(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             "--trainer",
             "crash=tests.e2e.trainers:CRASH",
             "--trainer",
+            "dies=tests.e2e.trainers:DIES",
+            "--trainer",
             "mnist-no-dropout=tests.e2e.trainers:NO_DROPOUT",
         ],
     ) as running:

@@ -47,9 +47,17 @@ def test_two_processes_of_64_train_what_one_of_128_trains(jobs: Jobs) -> None:
     common = {"trainer": "mnist-no-dropout", "seed": 3, "max_steps_per_epoch": STEPS}
     one = jobs.submit(machines=1, processes=1, batch_size=128, **common)
     two = jobs.submit(machines=1, processes=2, batch_size=64, **common)
+    over_gloo = jobs.submit(
+        machines=1,
+        processes=2,
+        batch_size=64,
+        performance={"same_host_allreduce": "gloo"},
+        **common,
+    )
     across = jobs.submit(machines=2, processes=1, batch_size=64, **common)
     reference = final_model(jobs, one)
-    assert_same(reference, final_model(jobs, two))
+    assert_same(reference, final_model(jobs, two))  # gradients averaged in shared memory
+    assert_same(reference, final_model(jobs, over_gloo))
     assert_same(reference, final_model(jobs, across))
 
     # The tolerance is not loose enough to let a different run pass.

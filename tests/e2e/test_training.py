@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 import httpx
+import pytest
 
 from cli.cluster import LocalCluster
 from tests.e2e.conftest import SMOKE_STEPS, Jobs, rank_processes, still_running
@@ -89,6 +90,23 @@ def test_a_rank_that_raises_fails_the_job_and_workers_carry_on(jobs: Jobs) -> No
     # Both nodes take the next job.
     next_id = jobs.submit(machines=2, processes=1, max_steps_per_epoch=5)
     assert jobs.wait_done(next_id)["status"] == "succeeded"
+
+
+@pytest.mark.parametrize("allreduce", ["shared_memory", "gloo"])
+def test_a_rank_that_dies_mid_step_fails_the_job(jobs: Jobs, allreduce: str) -> None:
+    job_id = jobs.submit(
+        machines=1,
+        processes=2,
+        trainer="dies",
+        performance={"same_host_allreduce": allreduce},
+    )
+    # Well inside the process-group timeout: the launcher sees the death, not
+    # the survivor's collective timing out.
+    job = jobs.wait_done(job_id, timeout_s=30)
+    assert job["status"] == "failed"
+    assert job["error"]["rank"] == 1
+    assert job["error"]["reason"] == "rank_exited"
+    assert job["error"]["message"].endswith("exited with code 3"), job["error"]
 
 
 def test_three_jobs_at_once_on_two_single_slot_nodes(jobs: Jobs) -> None:

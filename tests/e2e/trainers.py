@@ -4,9 +4,11 @@ operator would: ``--trainer name=module:attribute``)."""
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from api.schemas import TrainResult
 from worker import mnist
@@ -24,6 +26,20 @@ def _last_rank_raises(ctx: TrainContext) -> TrainResult | None:
 
 
 CRASH = Trainer(train=_last_rank_raises)
+
+
+def _last_rank_dies_between_steps(ctx: TrainContext) -> TrainResult | None:
+    ddp = DistributedDataParallel(torch.nn.Linear(4, 1))
+    ctx.attach_comm_hook(ddp)  # shared-memory averaging when the job has one machine
+    for step in range(1_000_000):
+        if step == 3 and ctx.rank == ctx.world_size - 1:
+            os._exit(3)  # no traceback, no goodbye: as if killed
+        ddp(torch.ones(2, 4)).sum().backward()
+    return None
+
+
+# The others are left waiting for the dead rank's gradients.
+DIES = Trainer(train=_last_rank_dies_between_steps)
 
 
 # The built-in MNIST training with dropout off, so that runs over different
