@@ -18,10 +18,14 @@ from types import FrameType
 from api.schemas import Assignment, NodeRegistration, PartFinished
 from worker import runfiles, trainers
 from worker.client import NodeUnknown, Refused, ServerClient, ServerUnavailable
-from worker.part import PartProcess, WarmLauncher
+from worker.forkserver import ForkServer
+from worker.part import PartProcess
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
+
+# Importing torch takes seconds; on a slow disk, tens of them.
+FORK_SERVER_READY_WAIT_S = 60.0
 
 MAX_BACKOFF_S = 5.0
 RENDEZVOUS_CHECK_S = 0.1
@@ -52,7 +56,8 @@ class Worker:
         self._exit_requested = False
         self._server_down_since: float | None = None
         self._backoff_s = 0.5
-        self._warm: WarmLauncher | None = None
+        self._forks: ForkServer | None = None
+        self._forks_awaited = False
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -79,6 +84,13 @@ class Worker:
         signal.signal(signal.SIGINT, handler)
 
     def _register(self) -> None:
+        # Ready to fork launchers before offering to run anything: the first
+        # job then starts as fast as the next ones.
+        self._prewarm()
+        if self._forks is not None and not self._forks_awaited:
+            self._forks_awaited = True
+            if not self._forks.wait_ready(FORK_SERVER_READY_WAIT_S, lambda: self._exit_requested):
+                log.warning("the launcher fork server is not ready; launching afresh until it is")
         registration = NodeRegistration(
             name=self.settings.name,
             address=self.settings.address,
@@ -96,7 +108,6 @@ class Worker:
             return
         self._server_available()
         self.node_id = registered.node_id
-        self._prewarm()
         log.info(
             "registered as node %d (%s, %s) with %s",
             self.node_id,
@@ -106,19 +117,19 @@ class Worker:
         )
 
     def _prewarm(self) -> None:
-        """Ready a launcher while the node is idle (never while parts run:
-        its imports would take CPU from their training)."""
-        if (
-            self.settings.prewarm
-            and not self.parts
-            and (self._warm is None or not self._warm.alive())
-        ):
-            self._warm = WarmLauncher(self.settings.work_dir.resolve() / "warm-launcher.log")
+        """Start the launcher fork server, or a new one if it died, while the
+        node is idle (never while parts run: its imports would take CPU from
+        their training)."""
+        if not self.settings.prewarm or self.parts:
+            return
+        if self._forks is not None and not self._forks.alive():
+            self._forks.close()
+            self._forks = None
+        if self._forks is None:
+            self._forks = ForkServer(self.settings.work_dir.resolve() / "forkserver.log")
 
     def _shutdown(self) -> None:
         """Stop every part this node still runs and say so, best effort."""
-        if self._warm is not None:
-            self._warm.discard()
         for part in self.parts.values():
             part.request_stop()
         deadline = time.monotonic() + self.settings.stop_grace_s + 5
@@ -129,6 +140,8 @@ class Worker:
                     self._report_shutdown(part_id)
                     del self.parts[part_id]
             time.sleep(0.1)
+        if self._forks is not None:
+            self._forks.close()
         self.client.close()
         log.info("worker %s stopped", self.settings.name)
 
@@ -198,9 +211,8 @@ class Worker:
             assignment.master_addr,
             assignment.master_port or "(port to come)",
         )
-        warm, self._warm = self._warm, None
         try:
-            part = PartProcess.launch(assignment, self.settings, warm)
+            part = PartProcess.launch(assignment, self.settings, self._forks)
         except OSError as exc:
             log.error("could not launch part %d: %s", assignment.part_id, exc)
             self._send_finish(

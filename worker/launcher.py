@@ -1,9 +1,11 @@
 """``python -m worker.launcher RUN_DIR``: run one part (one machine id of a
 job) as ``mp.spawn(run_rank, nprocs=P)`` and record how it ended.
 
-The daemon starts this in a new session, so it can stop the launcher and
-every rank with one signal to the process group. Run it by hand on a
-launch.json to train without the server (the benchmark does).
+The daemon forks it from its fork server (``worker/forkserver.py``: torch
+already imported) or, without one, starts it as a command; either way in a
+new session, so one signal to the process group stops the launcher and every
+rank. Run it by hand on a launch.json to train without the server (the
+benchmark does).
 """
 
 from __future__ import annotations
@@ -181,9 +183,11 @@ def _run_ranks(config: runfiles.LaunchConfig, local_group: LocalGroup | None) ->
     return runfiles.Outcome(status="succeeded", exit_code=0)
 
 
-def run(run_dir: Path) -> int:
+def run(run_dir: Path, parent_pid: int | None = None) -> int:
+    """Launch the part in ``run_dir`` and record its outcome there; end with
+    the parent (the daemon, or the fork server that forked this launcher)."""
     config = runfiles.read_launch(run_dir)
-    die_with_parent(config.parent_pid, sig=signal.SIGTERM)
+    die_with_parent(parent_pid or config.parent_pid, sig=signal.SIGTERM)
     outcome = launch(config)
     runfiles.write_outcome(config.run_dir, outcome)
     if outcome.status == "failed":
@@ -191,35 +195,32 @@ def run(run_dir: Path) -> int:
     return 0 if outcome.status == "succeeded" else 1
 
 
-def warm() -> int:
-    """Import torch and the built-in trainers now, then wait on stdin for the
-    run directory of the part to launch: the daemon keeps one of these ready
-    between jobs, so a job does not wait the seconds these imports take."""
+def preload() -> None:
+    """The imports every launch needs (torch, the ranks, the trainers), for
+    the fork server to do once."""
     import torch.distributed  # noqa: F401
     import torch.multiprocessing  # noqa: F401
 
     import worker.rank  # noqa: F401
 
     trainers.preload()
-    line = sys.stdin.readline().strip()
-    if not line:
-        return 0  # the daemon let it go unused
-    run_dir = Path(line)
-    # From here on, everything this process and its ranks print is the part's.
+
+
+def run_attached(run_dir: Path, parent_pid: int) -> int:
+    """``run`` in a process forked by the fork server: from here on,
+    everything it and its ranks print is the part's."""
     sys.stdout.flush()
     sys.stderr.flush()
     with open(run_dir / runfiles.OUTPUT, "ab") as output:
         os.dup2(output.fileno(), 1)
         os.dup2(output.fileno(), 2)
-    return run(run_dir)
+    return run(run_dir, parent_pid)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args == ["--warm"]:
-        return warm()
     if len(args) != 1:
-        print("usage: python -m worker.launcher RUN_DIR | --warm", file=sys.stderr)
+        print("usage: python -m worker.launcher RUN_DIR", file=sys.stderr)
         return 2
     return run(Path(args[0]))
 

@@ -11,10 +11,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from api.schemas import Assignment, PartFinished, ProgressReport
 from worker import runfiles
 from worker._process import group_alive, signal_group
+from worker.forkserver import ForkServer
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -24,41 +26,13 @@ def _launcher_env() -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
-class WarmLauncher:
-    """A launcher started ahead of time (``--warm``): torch and the built-in
-    trainers are imported while the node is idle, and it waits for the run
-    directory of the next part on its stdin."""
+class Launched(Protocol):
+    """A launcher process: a ``subprocess.Popen`` or a ``ForkedLauncher``."""
 
-    def __init__(self, log_path: Path) -> None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "worker.launcher", "--warm"],
-                stdin=subprocess.PIPE,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=_launcher_env(),
-            )
+    pid: int
+    returncode: int | Any
 
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def hand_over(self, run_dir: Path) -> subprocess.Popen[bytes]:
-        assert self.process.stdin is not None
-        self.process.stdin.write(f"{run_dir}\n".encode())
-        self.process.stdin.close()
-        return self.process
-
-    def discard(self) -> None:
-        """An empty line (EOF) tells it to exit; SIGKILL if it does not."""
-        if self.process.stdin is not None and not self.process.stdin.closed:
-            self.process.stdin.close()
-        try:
-            self.process.wait(5)
-        except subprocess.TimeoutExpired:
-            signal_group(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+    def poll(self) -> int | None: ...
 
 
 def run_dir_for(work_dir: Path, assignment: Assignment) -> Path:
@@ -73,7 +47,7 @@ def run_dir_for(work_dir: Path, assignment: Assignment) -> Path:
 class PartProcess:
     assignment: Assignment
     run_dir: Path
-    process: subprocess.Popen[bytes]
+    process: Launched
     progress: runfiles.ProgressReader
     unsent: list[ProgressReport] = field(default_factory=list)
     stop_requested_at: float | None = None
@@ -83,7 +57,7 @@ class PartProcess:
 
     @classmethod
     def launch(
-        cls, assignment: Assignment, settings: WorkerSettings, warm: WarmLauncher | None = None
+        cls, assignment: Assignment, settings: WorkerSettings, forks: ForkServer | None = None
     ) -> PartProcess:
         run_dir = run_dir_for(settings.work_dir.resolve(), assignment)
         config = runfiles.LaunchConfig(
@@ -98,9 +72,14 @@ class PartProcess:
         known = assignment.master_port is not None and assignment.machine_id > 0
         if assignment.master_port is not None and known:
             runfiles.write_rendezvous(run_dir, assignment.master_port)
-        if warm is not None and warm.alive():
-            process = warm.hand_over(run_dir)
-        else:
+        process: Launched | None = None
+        if forks is not None and forks.ready():
+            try:
+                process = forks.launch(run_dir)
+            except OSError as exc:
+                log.warning("fork server failed (%s); starting the launcher afresh", exc)
+                forks.close()  # a late fork dies with it
+        if process is None:
             with open(run_dir / runfiles.OUTPUT, "ab") as output:
                 process = subprocess.Popen(
                     [sys.executable, "-m", "worker.launcher", str(run_dir)],

@@ -54,7 +54,7 @@ class WorkerSettings(BaseSettings):
     request_timeout_s: float = Field(30.0, gt=0)
     prewarm: bool = Field(
         True,
-        description="Keep a launcher with torch imported ready while idle (saves seconds a job)",
+        description="Fork launchers from a process that imported torch once (saves seconds a job)",
     )
 
     @field_validator("trainers")

@@ -92,11 +92,26 @@ def jobs(cluster: LocalCluster) -> Iterator[Jobs]:
 
 
 def rank_processes(cluster: LocalCluster) -> list[psutil.Process]:
-    """Every process below the worker daemons: launchers and their ranks."""
+    """Every process below the worker daemons but their fork servers (which
+    outlive jobs by design): launchers and their ranks."""
     found: list[psutil.Process] = []
     for worker in cluster.worker_processes:
-        found += psutil.Process(worker.process.pid).children(recursive=True)
+        for child in psutil.Process(worker.process.pid).children():
+            if is_fork_server(child):
+                found += child.children(recursive=True)
+            else:
+                found += [child, *child.children(recursive=True)]
     return found
+
+
+def is_fork_server(process: psutil.Process) -> bool:
+    return "worker.forkserver" in process.cmdline()
+
+
+def fork_server(cluster: LocalCluster, node_name: str) -> psutil.Process | None:
+    worker = next(w for w in cluster.worker_processes if w.name == node_name)
+    servers = [c for c in psutil.Process(worker.process.pid).children() if is_fork_server(c)]
+    return servers[0] if servers else None
 
 
 def still_running(processes: list[psutil.Process]) -> list[psutil.Process]:

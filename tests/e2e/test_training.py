@@ -4,13 +4,20 @@ real torch.distributed process groups on the real MNIST files."""
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import httpx
 import pytest
 
 from cli.cluster import LocalCluster
-from tests.e2e.conftest import SMOKE_STEPS, Jobs, rank_processes, still_running
+from tests.e2e.conftest import (
+    SMOKE_STEPS,
+    Jobs,
+    fork_server,
+    rank_processes,
+    still_running,
+)
 
 
 def assert_trained(jobs: Jobs, job: dict[str, Any]) -> None:
@@ -75,6 +82,32 @@ def test_cancel_stops_every_rank_on_every_node(jobs: Jobs, cluster: LocalCluster
     job = jobs.wait(job_id, lambda j: j["status"] == "cancelled", 10, "cancelled within 10 s")
     assert still_running(ranks) == [], "ranks still running after the job was cancelled"
     assert {p["status"] for p in job["parts"]} == {"cancelled"}
+
+
+def test_a_dead_fork_server_takes_its_launchers_along_and_is_replaced(
+    jobs: Jobs, cluster: LocalCluster
+) -> None:
+    job_id = jobs.submit()  # a whole epoch: far longer than the test
+    job = jobs.wait(job_id, lambda j: j["progress"] is not None, 120, "training to report progress")
+    node = job["parts"][0]["node_name"]
+    server = fork_server(cluster, node)
+    assert server is not None, f"{node} has no fork server"
+    ranks = rank_processes(cluster)
+    server.kill()
+
+    job = jobs.wait_done(job_id, timeout_s=30)
+    assert job["status"] == "failed"
+    assert job["error"]["reason"] == "launcher_died"
+    assert "SIGTERM" in job["error"]["message"], job["error"]
+    assert still_running(ranks) == [], "ranks outlived their fork server"
+
+    # The node starts a new server once idle, and runs the next job.
+    deadline = time.monotonic() + 30
+    while (new := fork_server(cluster, node)) is None or new.pid == server.pid:
+        assert time.monotonic() < deadline, f"{node} started no new fork server"
+        time.sleep(0.1)
+    next_id = jobs.submit(machines=2, processes=1, max_steps_per_epoch=5)
+    assert jobs.wait_done(next_id)["status"] == "succeeded"
 
 
 def test_a_rank_that_raises_fails_the_job_and_workers_carry_on(jobs: Jobs) -> None:
