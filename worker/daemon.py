@@ -29,6 +29,7 @@ FORK_SERVER_READY_WAIT_S = 60.0
 
 MAX_BACKOFF_S = 5.0
 RENDEZVOUS_CHECK_S = 0.1
+FINISHING_CHECK_S = 0.1
 
 
 def count_gpus() -> int:
@@ -126,7 +127,10 @@ class Worker:
             self._forks.close()
             self._forks = None
         if self._forks is None:
-            self._forks = ForkServer(self.settings.work_dir.resolve() / "forkserver.log")
+            self._forks = ForkServer(
+                self.settings.data_dir.resolve(),
+                self.settings.work_dir.resolve() / "forkserver.log",
+            )
 
     def _shutdown(self) -> None:
         """Stop every part this node still runs and say so, best effort."""
@@ -173,6 +177,9 @@ class Worker:
         ):
             # Peers wait for the port machine 0's launcher is about to bind.
             wait = min(wait, RENDEZVOUS_CHECK_S)
+        if any(p.training_done for p in self.parts.values()):
+            # A part about to end: report it (and free the node) promptly.
+            wait = min(wait, FINISHING_CHECK_S)
         waiting_for_port = sorted(
             part_id
             for part_id, p in self.parts.items()
@@ -263,7 +270,7 @@ class Worker:
             if part.assignment.machine_id == 0 and not part.rendezvous_known:
                 self._publish_port(part_id, part)
             ended = part.has_ended()
-            part.unsent.extend(part.progress.read_new())
+            part.read_progress()
             if part.unsent and not self._ship_progress(part_id, part):
                 continue  # keep order: no finish before its progress is in
             if part.assignment.machine_id == 0 and not self._upload_checkpoint(part_id, part):

@@ -1,5 +1,6 @@
 """A fork server for launchers: one process per node imports torch and the
-trainers once, then forks a launcher for each part in a few milliseconds.
+trainers once (and loads the data they all read), then forks a launcher for
+each part in a few milliseconds.
 
 Importing torch takes about 3 s of CPU here. A launcher started fresh for each
 part pays it at the start of every job; one started ahead of time pays it
@@ -40,12 +41,12 @@ FORK_REPLY_TIMEOUT_S = 10.0
 # --- the server ----------------------------------------------------------------
 
 
-def serve() -> int:
-    """``python -m worker.forkserver``: the daemon's child, on pipes."""
+def serve(data_dir: Path) -> int:
+    """``python -m worker.forkserver DATA_DIR``: the daemon's child, on pipes."""
     die_with_parent(os.getppid(), signal.SIGTERM)
     from worker import launcher
 
-    launcher.preload()
+    launcher.preload(data_dir)
     wake_read, wake_write = os.pipe()
     for fd in (wake_read, wake_write):
         os.set_blocking(fd, False)
@@ -147,11 +148,11 @@ class ForkedLauncher:
 
 
 class ForkServer:
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self, data_dir: Path, log_path: Path) -> None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "worker.forkserver"],
+                [sys.executable, "-m", "worker.forkserver", str(data_dir)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -256,4 +257,4 @@ def _exists(pid: int) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(serve())
+    sys.exit(serve(Path(sys.argv[1])))

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -101,17 +102,34 @@ def same_host_group(config: runfiles.LaunchConfig) -> LocalGroup | None:
     )
 
 
+@contextlib.contextmanager
+def _no_thread_pool() -> Iterator[None]:
+    """Run torch work in this thread alone. The ranks are forked after it, and
+    a process forked from one whose OpenMP thread pool was started hangs in
+    its first parallel region (GNU OpenMP's pool does not survive fork;
+    DataLoader workers set 1 thread for the same reason). With one thread,
+    torch never starts the pool."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def launch(config: runfiles.LaunchConfig) -> runfiles.Outcome:
     assignment = config.assignment
+    if assignment.spec.performance.keep_freed_memory:
+        keep_freed_memory()
     try:
         trainer = trainers.resolve(assignment.spec.trainer, config.trainers)
         if trainer.prepare is not None:
-            trainer.prepare(config.data_dir)
+            with _no_thread_pool():
+                trainer.prepare(config.data_dir, assignment.spec)
     except Exception as exc:
         return _could_not("prepare", assignment.machine_id, exc)
-
-    if assignment.spec.performance.keep_freed_memory:
-        keep_freed_memory()
 
     local_group = same_host_group(config)
     try:
@@ -195,15 +213,17 @@ def run(run_dir: Path, parent_pid: int | None = None) -> int:
     return 0 if outcome.status == "succeeded" else 1
 
 
-def preload() -> None:
-    """The imports every launch needs (torch, the ranks, the trainers), for
-    the fork server to do once."""
+def preload(data_dir: Path) -> None:
+    """What the fork server does once for every launch: the imports (torch,
+    the ranks, the built-in trainers) and the trainers' ``warm`` (the data
+    they read, then shared by every process forked from it)."""
     import torch.distributed  # noqa: F401
     import torch.multiprocessing  # noqa: F401
 
     import worker.rank  # noqa: F401
 
-    trainers.preload()
+    with _no_thread_pool():
+        trainers.preload(data_dir)
 
 
 def run_attached(run_dir: Path, parent_pid: int) -> int:

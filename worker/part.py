@@ -54,6 +54,7 @@ class PartProcess:
     killed: bool = False
     rendezvous_known: bool = False
     uploaded_epoch: int = 0
+    last_progress: ProgressReport | None = None
 
     @classmethod
     def launch(
@@ -103,6 +104,23 @@ class PartProcess:
         if not self.rendezvous_known:
             runfiles.write_rendezvous(self.run_dir, master_port)
             self.rendezvous_known = True
+
+    def read_progress(self) -> None:
+        new = self.progress.read_new()
+        if new:
+            self.unsent.extend(new)
+            self.last_progress = new[-1]
+
+    @property
+    def training_done(self) -> bool:
+        """Rank 0 reported the last batch of the last epoch: evaluation and
+        exit are all that is left, seconds at most."""
+        last = self.last_progress
+        return (
+            last is not None
+            and last.epoch == self.assignment.spec.epochs
+            and last.batch == last.batches_per_epoch
+        )
 
     @property
     def pgid(self) -> int:

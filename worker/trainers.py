@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from api.schemas import TrainResult
+    from api.schemas import JobSpec, TrainResult
     from worker.context import TrainContext
 
 BUILTIN: dict[str, str] = {"mnist": "worker.mnist:TRAINER"}
@@ -18,11 +18,17 @@ BUILTIN: dict[str, str] = {"mnist": "worker.mnist:TRAINER"}
 
 @dataclass(frozen=True)
 class Trainer:
-    """``train`` runs in every rank; ``prepare`` runs once per machine before
-    the ranks start (fetch or check data, so ranks never race to download)."""
+    """``train`` runs in every rank; ``prepare(data_dir, spec)`` runs once per
+    machine before the ranks start: fetch or check data, so ranks never race
+    to download, and load what every rank reads (ranks forked from the
+    launcher share it instead of each loading a copy)."""
 
     train: Callable[[TrainContext], TrainResult | None]
-    prepare: Callable[[Path], None] | None = None
+    prepare: Callable[[Path, JobSpec], None] | None = None
+    # warm(data_dir) runs once in the worker's fork server, before any job:
+    # load what jobs read (if it is there), to be shared by every launcher
+    # and rank forked from it. No OpenMP work in it (one thread).
+    warm: Callable[[Path], None] | None = None
 
 
 def available(extra: dict[str, str]) -> dict[str, str]:
@@ -40,7 +46,9 @@ def resolve(name: str, extra: dict[str, str]) -> Trainer:
     return trainer
 
 
-def preload() -> None:
-    """Import the built-in trainers' modules (and with them torch)."""
-    for target in BUILTIN.values():
-        importlib.import_module(target.partition(":")[0])
+def preload(data_dir: Path) -> None:
+    """Import the built-in trainers (and with them torch) and warm them."""
+    for name in BUILTIN:
+        trainer = resolve(name, {})
+        if trainer.warm is not None:
+            trainer.warm(data_dir)
