@@ -30,6 +30,8 @@ from api.schemas import (
     Assignment,
     JobError,
     JobSpec,
+    LogBatch,
+    LogLine,
     NodeRegistration,
     PartFinished,
     PollResponse,
@@ -42,7 +44,7 @@ from api.schemas import (
 from api.settings import ServerSettings
 from db import queries
 from db.engine import Database
-from db.models import Attempt, Job, Node, Part, ProgressRow, utcnow
+from db.models import LAUNCHER_RANK, Attempt, Job, LogRow, Node, Part, ProgressRow, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -342,6 +344,39 @@ class Coordinator:
                     job.progress_loss = latest.loss
                     job.progress_samples_per_sec = latest.samples_per_sec
                     job.progress_at = latest.at
+            return True
+
+    def record_logs(self, part_id: int, batch: LogBatch) -> bool:
+        """Store the lines not stored yet. Lines of an attempt that is no
+        longer current are kept too: they explain what happened to it."""
+        with self.db.write() as session:
+            part = _owned_part(session, part_id, batch.node_id)
+            seen = queries.known_log_offsets(
+                session=session,
+                attempt_id=part.attempt_id,
+                machine_id=part.machine_id,
+                offsets=[line.offset for line in batch.lines],
+            )
+            fresh: dict[tuple[int, int], LogLine] = {}
+            for line in batch.lines:
+                key = (LAUNCHER_RANK if line.rank is None else line.rank, line.offset)
+                if key not in seen:
+                    fresh[key] = line
+            queries.insert_logs(
+                session=session,
+                rows=(
+                    LogRow(
+                        job_id=part.job_id,
+                        attempt_id=part.attempt_id,
+                        machine_id=part.machine_id,
+                        rank=rank,
+                        offset=offset,
+                        text=line.text,
+                        at=line.at,
+                    )
+                    for (rank, offset), line in fresh.items()
+                ),
+            )
             return True
 
     def finish_part(self, part_id: int, report: PartFinished) -> bool:

@@ -178,6 +178,9 @@ class ProgressPublic(BaseModel):
     batch: int
     batches_per_epoch: int
     percent: float
+    eta_seconds: float | None = Field(
+        None, description="Training time left at the pace so far (running jobs)"
+    )
     loss: float | None
     samples_per_sec: float | None
     updated_at: datetime
@@ -398,6 +401,39 @@ class RendezvousBound(_Strict):
 class ProgressBatch(_Strict):
     node_id: Id
     reports: list[ProgressReport] = Field(max_length=10_000)
+
+
+# A longer line is cut (a progress bar redrawn with \r can make one huge line).
+MAX_LOG_LINE_CHARS = 4000
+
+
+class LogLine(_Strict):
+    """One line a rank (or the launcher: rank null) printed. ``offset`` is
+    where it starts in its file: a resent line is recognised by it."""
+
+    rank: int | None = Field(None, ge=0, le=DB_INT_MAX)
+    offset: int = Field(ge=0, le=2**62)
+    text: str = Field(max_length=MAX_LOG_LINE_CHARS + 100)
+    at: datetime
+
+
+class LogBatch(_Strict):
+    node_id: Id
+    lines: list[LogLine] = Field(max_length=10_000)
+
+
+class LogLinePublic(BaseModel):
+    id: int = Field(description="Increasing: pass the last one seen as ?since= to get newer lines")
+    machine_id: int
+    rank: int | None = Field(description="The global rank; null for the machine's launcher")
+    text: str
+    at: datetime
+
+
+class LogsPublic(BaseModel):
+    lines: list[LogLinePublic]
+    next_since: int = Field(description="Pass as ?since= to get only lines after these")
+    job_status: JobStatus
 
 
 class PartFinished(_Strict):

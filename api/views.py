@@ -16,6 +16,8 @@ from api.schemas import (
     JobPublic,
     JobSpec,
     JobsPublic,
+    LogLinePublic,
+    LogsPublic,
     MetricPoint,
     MetricsPublic,
     NodePart,
@@ -30,7 +32,7 @@ from api.schemas import (
 )
 from db import queries
 from db.engine import Database
-from db.models import Attempt, Job, Node, Part, Study, utcnow
+from db.models import LAUNCHER_RANK, Attempt, Job, Node, Part, Study, utcnow
 
 
 def percent_done(*, epoch: int, batch: int, batches_per_epoch: int, epochs: int) -> float:
@@ -38,6 +40,18 @@ def percent_done(*, epoch: int, batch: int, batches_per_epoch: int, epochs: int)
     total = batches_per_epoch * epochs
     done = (epoch - 1) * batches_per_epoch + batch
     return round(100.0 * min(max(done, 0), total) / total, 2)
+
+
+def eta_seconds(
+    *, percent: float, started_at: datetime | None, reported_at: datetime, now: datetime
+) -> float | None:
+    """Time left to the end of training at the pace so far (start-up
+    included, evaluation not), counted down since the last report."""
+    if started_at is None or percent <= 0:
+        return None
+    elapsed = (reported_at - started_at).total_seconds()
+    remaining = elapsed * (100 - percent) / percent
+    return round(max(0.0, remaining - (now - reported_at).total_seconds()), 1)
 
 
 def _seconds(start: datetime | None, end: datetime | None) -> float | None:
@@ -56,17 +70,23 @@ def job_public(
 
     progress = None
     if job.progress_at is not None and job.progress_batches_per_epoch:
+        percent = percent_done(
+            epoch=job.progress_epoch or 1,
+            batch=job.progress_batch or 0,
+            batches_per_epoch=job.progress_batches_per_epoch,
+            epochs=spec.epochs,
+        )
         progress = ProgressPublic(
             epoch=job.progress_epoch or 1,
             epochs=spec.epochs,
             batch=job.progress_batch or 0,
             batches_per_epoch=job.progress_batches_per_epoch,
-            percent=percent_done(
-                epoch=job.progress_epoch or 1,
-                batch=job.progress_batch or 0,
-                batches_per_epoch=job.progress_batches_per_epoch,
-                epochs=spec.epochs,
-            ),
+            percent=percent,
+            eta_seconds=eta_seconds(
+                percent=percent, started_at=job.started_at, reported_at=job.progress_at, now=now
+            )
+            if status is JobStatus.RUNNING
+            else None,
             loss=job.progress_loss,
             samples_per_sec=job.progress_samples_per_sec,
             updated_at=job.progress_at,
@@ -190,6 +210,45 @@ def read_metrics(*, db: Database, job_id: int, max_points: int) -> MetricsPublic
             )
             for r in rows
         ],
+    )
+
+
+def read_logs(
+    *,
+    db: Database,
+    job_id: int,
+    since: int,
+    machine_id: int | None,
+    rank: int | None,
+    limit: int,
+    tail: bool,
+) -> LogsPublic:
+    with db.read() as session:
+        job = queries.get_job(session=session, job_id=job_id)
+        if job is None:
+            raise HTTPException(404, f"job {job_id} not found")
+        rows = queries.logs_of_job(
+            session=session,
+            job_id=job_id,
+            since=since,
+            machine_id=machine_id,
+            rank=rank,
+            limit=limit,
+            newest=tail,
+        )
+    return LogsPublic(
+        lines=[
+            LogLinePublic(
+                id=r.id or 0,
+                machine_id=r.machine_id,
+                rank=None if r.rank == LAUNCHER_RANK else r.rank,
+                text=r.text,
+                at=r.at,
+            )
+            for r in rows
+        ],
+        next_since=(rows[-1].id or since) if rows else since,
+        job_status=JobStatus(job.status),
     )
 
 

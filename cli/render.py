@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from api.schemas import JobPublic, StudyPublic
+from datetime import datetime, timezone
+
+from api.schemas import JobPublic, JobsPublic, NodePublic, StudyPublic
 
 
 def progress_line(job: JobPublic, width: int = 30) -> str:
@@ -15,11 +17,65 @@ def progress_line(job: JobPublic, width: int = 30) -> str:
     bar = "#" * filled + "-" * (width - filled)
     loss = f"{p.loss:.4f}" if p.loss is not None else "-"
     rate = f"{p.samples_per_sec:,.0f}/s" if p.samples_per_sec is not None else "-"
+    eta = f"  ETA {duration(p.eta_seconds)}" if p.eta_seconds is not None else ""
     return (
         f"job {job.id} {job.status.value:<10} [{bar}] {p.percent:5.1f}%  "
         f"epoch {p.epoch}/{p.epochs} batch {p.batch}/{p.batches_per_epoch}  "
-        f"loss {loss}  {rate}"
+        f"loss {loss}  {rate}{eta}"
     )
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def jobs_table(jobs: JobsPublic) -> str:
+    lines = [
+        f"{'id':>5}  {'status':<10} {'topology':<9} {'batch':>5} {'epochs':>6} "
+        f"{'progress':>8} {'duration':>9} {'accuracy':>8}  name"
+    ]
+    for job in jobs.data:
+        t = job.spec.topology
+        progress = f"{job.progress.percent:.0f}%" if job.progress is not None else "-"
+        accuracy = (
+            f"{100 * job.result.test_accuracy:.2f}%"
+            if job.result is not None and job.result.test_accuracy is not None
+            else "-"
+        )
+        lines.append(
+            f"{job.id:>5}  {job.status.value:<10} {f'{t.num_machines} x {t.num_processes}':<9} "
+            f"{job.spec.batch_size:>5} {job.spec.epochs:>6} {progress:>8} "
+            f"{duration(job.timing.running_seconds):>9} {accuracy:>8}  {job.name or ''}"
+        )
+    lines.append(f"({len(jobs.data)} of {jobs.count})")
+    return "\n".join(lines)
+
+
+def nodes_table(nodes: list[NodePublic]) -> str:
+    now = datetime.now(timezone.utc)
+    lines = [
+        f"{'id':>4}  {'name':<16} {'address':<16} {'state':<6} {'slots':>5} {'cpus':>4} "
+        f"{'gpus':>4} {'heartbeat':>10}  running"
+    ]
+    for node in nodes:
+        ago = duration((now - node.last_heartbeat_at).total_seconds()) + " ago"
+        running = ", ".join(
+            f"job {p.job_id} m{p.machine_id} ({p.status.value})" for p in node.parts
+        )
+        lines.append(
+            f"{node.id:>4}  {node.name:<16} {node.address:<16} {node.state.value:<6} "
+            f"{node.slots:>5} {node.cpus:>4} {node.gpus:>4} {ago:>10}  {running or '-'}"
+        )
+    return "\n".join(lines)
 
 
 def _s(value: float | None) -> str:

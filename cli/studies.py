@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import TextIO
@@ -71,7 +72,11 @@ def run_study(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--server", default="http://127.0.0.1:8000", help="the ddpo server")
+    parser.add_argument(
+        "--server",
+        default=os.environ.get("DDPO_SERVER", "http://127.0.0.1:8000"),
+        help="the ddpo server [DDPO_SERVER, default http://127.0.0.1:8000]",
+    )
     add_study_arguments(parser)
     add_spec_arguments(parser)
 

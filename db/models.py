@@ -133,3 +133,23 @@ class ProgressRow(SQLModel, table=True):
     loss: float | None = None
     samples_per_sec: float | None = None
     at: datetime = Field(sa_type=UTCDateTime)
+
+
+# The rank column of a launcher's own lines (ranks are >= 0).
+LAUNCHER_RANK = -1
+
+
+class LogRow(SQLModel, table=True):
+    """One line of a rank's (or a launcher's) output."""
+
+    __tablename__ = "log_line"
+    __table_args__ = (UniqueConstraint("attempt_id", "machine_id", "rank", "offset"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id", index=True)
+    attempt_id: int = Field(foreign_key="attempt.id")
+    machine_id: int
+    rank: int
+    offset: int
+    text: str
+    at: datetime = Field(sa_type=UTCDateTime)

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from db.models import Attempt, Job, Node, Part, ProgressRow, Study
+from db.models import Attempt, Job, LogRow, Node, Part, ProgressRow, Study
 
 # Statuses whose processes may still exist; kept as plain strings so db/ does
 # not depend on api/ (api.lifecycle.PartStatus.is_active agrees, a test checks).
@@ -244,3 +244,46 @@ def progress_of_job(*, session: Session, job_id: int) -> list[ProgressRow]:
         .order_by(col(ProgressRow.attempt_id), col(ProgressRow.seq))
     )
     return list(session.exec(statement).all())
+
+
+# --- logs -----------------------------------------------------------------------
+
+
+def known_log_offsets(
+    *, session: Session, attempt_id: int, machine_id: int, offsets: Sequence[int]
+) -> set[tuple[int, int]]:
+    """(rank, offset) pairs of these offsets already stored for the machine."""
+    if not offsets:
+        return set()
+    statement = select(LogRow.rank, LogRow.offset).where(
+        LogRow.attempt_id == attempt_id,
+        LogRow.machine_id == machine_id,
+        col(LogRow.offset).in_(sorted(set(offsets))),
+    )
+    return {(rank, offset) for rank, offset in session.exec(statement).all()}
+
+
+def insert_logs(*, session: Session, rows: Iterable[LogRow]) -> None:
+    session.add_all(list(rows))
+
+
+def logs_of_job(
+    *,
+    session: Session,
+    job_id: int,
+    since: int,
+    machine_id: int | None,
+    rank: int | None,
+    limit: int,
+    newest: bool,
+) -> list[LogRow]:
+    """Lines after id ``since``, oldest first: the first ``limit`` of them, or
+    with ``newest`` the last ``limit``."""
+    statement = select(LogRow).where(LogRow.job_id == job_id, col(LogRow.id) > since)
+    if machine_id is not None:
+        statement = statement.where(LogRow.machine_id == machine_id)
+    if rank is not None:
+        statement = statement.where(LogRow.rank == rank)
+    order = col(LogRow.id).desc() if newest else col(LogRow.id)
+    rows = list(session.exec(statement.order_by(order).limit(limit)).all())
+    return rows[::-1] if newest else rows

@@ -9,6 +9,8 @@ from pydantic import BaseModel
 
 from api.schemas import (
     Ack,
+    LogBatch,
+    LogLine,
     NodeRegistered,
     NodeRegistration,
     PartFinished,
@@ -116,6 +118,10 @@ class ServerClient:
     def progress(self, part_id: int, node_id: int, reports: list[ProgressReport]) -> bool:
         body = ProgressBatch(node_id=node_id, reports=reports)
         return Ack.model_validate(self._post(f"/parts/{part_id}/progress", body)).accepted
+
+    def logs(self, part_id: int, node_id: int, lines: list[LogLine]) -> bool:
+        body = LogBatch(node_id=node_id, lines=lines)
+        return Ack.model_validate(self._post(f"/parts/{part_id}/logs", body)).accepted
 
     def finish(self, part_id: int, report: PartFinished) -> bool:
         return Ack.model_validate(self._post(f"/parts/{part_id}/finish", report)).accepted

@@ -30,6 +30,7 @@ FORK_SERVER_READY_WAIT_S = 60.0
 MAX_BACKOFF_S = 5.0
 RENDEZVOUS_CHECK_S = 0.1
 FINISHING_CHECK_S = 0.1
+LOG_LINES_PER_REQUEST = 2000
 
 
 def count_gpus() -> int:
@@ -270,6 +271,11 @@ class Worker:
             if part.assignment.machine_id == 0 and not part.rendezvous_known:
                 self._publish_port(part_id, part)
             ended = part.has_ended()
+            part.unsent_logs.extend(part.logs.read_new(final=ended))
+            while ended and (rest := part.logs.read_new(final=True)):
+                part.unsent_logs.extend(rest)  # the finish goes after every line
+            if part.unsent_logs and not self._ship_logs(part_id, part):
+                continue
             part.read_progress()
             if part.unsent and not self._ship_progress(part_id, part):
                 continue  # keep order: no finish before its progress is in
@@ -319,6 +325,20 @@ class Worker:
         except Refused as exc:
             log.warning("checkpoint of part %d refused: %s", part_id, exc)
         part.uploaded_epoch = epoch
+        return True
+
+    def _ship_logs(self, part_id: int, part: PartProcess) -> bool:
+        assert self.node_id is not None
+        while part.unsent_logs:
+            batch = part.unsent_logs[:LOG_LINES_PER_REQUEST]
+            try:
+                self.client.logs(part_id, self.node_id, batch)
+            except ServerUnavailable as exc:
+                self._server_unavailable(exc)
+                return False
+            except Refused as exc:
+                log.warning("logs of part %d refused, dropping them: %s", part_id, exc)
+            del part.unsent_logs[: len(batch)]
         return True
 
     def _ship_progress(self, part_id: int, part: PartProcess) -> bool:

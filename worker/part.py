@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from api.schemas import Assignment, PartFinished, ProgressReport
+from api.schemas import Assignment, LogLine, PartFinished, ProgressReport
 from worker import runfiles
 from worker._process import group_alive, signal_group
 from worker.forkserver import ForkServer
@@ -49,7 +49,9 @@ class PartProcess:
     run_dir: Path
     process: Launched
     progress: runfiles.ProgressReader
+    logs: runfiles.LogReader
     unsent: list[ProgressReport] = field(default_factory=list)
+    unsent_logs: list[LogLine] = field(default_factory=list)
     stop_requested_at: float | None = None
     killed: bool = False
     rendezvous_known: bool = False
@@ -92,7 +94,12 @@ class PartProcess:
                     env=_launcher_env(),
                 )
         return cls(
-            assignment, run_dir, process, runfiles.ProgressReader(run_dir), rendezvous_known=known
+            assignment,
+            run_dir,
+            process,
+            runfiles.ProgressReader(run_dir),
+            runfiles.LogReader(run_dir),
+            rendezvous_known=known,
         )
 
     def bound_port(self) -> int | None:

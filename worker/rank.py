@@ -40,6 +40,7 @@ def run_rank(
     assignment = config.assignment
     spec = assignment.spec
     rank = assignment.machine_id * spec.topology.num_processes + local_rank
+    runfiles.capture_output(config.run_dir, rank)
     world_size = spec.topology.world_size
     master_port = runfiles.await_rendezvous(config.run_dir, config.process_group_timeout_s)
     os.environ.update(

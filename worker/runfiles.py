@@ -6,8 +6,9 @@ than 0 once the server knows the port; machine 0's launcher writes
 ``rendezvous.json`` when it has bound the job's store. The launcher and its
 ranks write
 ``progress.jsonl`` (rank 0, appended), ``result.json`` (rank 0, at the end)
-and ``outcome.json`` (the launcher, how the part ended); their stdout and
-stderr go to ``output.log``; rank 0 adds ``checkpoint-epoch-N.pt`` files.
+and ``outcome.json`` (the launcher, how the part ended); each rank's stdout
+and stderr go to ``rank-N.log`` (N its global rank), the launcher's to
+``output.log``; rank 0 adds ``checkpoint-epoch-N.pt`` files.
 Files survive crashes, so the daemon can always tell what happened, and
 progress lines arrive in order.
 """
@@ -25,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from api.schemas import Assignment, ProgressReport, TrainResult
+from api.schemas import MAX_LOG_LINE_CHARS, Assignment, LogLine, ProgressReport, TrainResult
 
 LAUNCH = "launch.json"
 PROGRESS = "progress.jsonl"
@@ -33,6 +34,24 @@ RESULT = "result.json"
 OUTCOME = "outcome.json"
 OUTPUT = "output.log"
 RENDEZVOUS = "rendezvous.json"
+RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
+
+
+def rank_log(run_dir: Path, rank: int) -> Path:
+    return run_dir / f"rank-{rank}.log"
+
+
+def capture_output(run_dir: Path, rank: int) -> None:
+    """Send this process's stdout and stderr (its Python prints and anything
+    C++ writes) to its rank's log."""
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(rank_log(run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 class LaunchConfig(BaseModel):
@@ -208,3 +227,57 @@ class ProgressReader:
             for line in chunk[: end + 1].splitlines()
             if line.strip()
         ]
+
+
+class LogReader:
+    """The daemon's side of the logs: the lines added to each rank's log and
+    to the launcher's since last time, at most ``max_bytes`` a call."""
+
+    def __init__(self, run_dir: Path, max_bytes: int = 256 * 1024) -> None:
+        self._run_dir = run_dir
+        self._offsets: dict[str, int] = {}
+        self._max_bytes = max_bytes
+
+    def _sources(self) -> list[tuple[Path, int | None]]:
+        found: list[tuple[Path, int | None]] = [(self._run_dir / OUTPUT, None)]
+        try:
+            entries = list(self._run_dir.iterdir())
+        except FileNotFoundError:
+            return []
+        for entry in sorted(entries):
+            match = RANK_LOG.match(entry.name)
+            if match:
+                found.append((entry, int(match.group(1))))
+        return found
+
+    def read_new(self, *, final: bool = False) -> list[LogLine]:
+        """Complete lines; with ``final`` (the processes are gone) also a last
+        line without its newline."""
+        now = datetime.now(timezone.utc)
+        lines: list[LogLine] = []
+        budget = self._max_bytes
+        for path, rank in self._sources():
+            if budget <= 0:
+                break
+            start = self._offsets.get(path.name, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    chunk = f.read(budget)
+            except FileNotFoundError:
+                continue
+            end = chunk.rfind(b"\n") + 1
+            if final or (end == 0 and len(chunk) == budget):
+                end = len(chunk)  # the last words, or one line longer than the budget
+            if end == 0:
+                continue
+            budget -= end
+            offset = start
+            for raw in chunk[:end].splitlines(keepends=True):
+                text = raw.rstrip(b"\r\n").decode("utf-8", errors="replace")
+                if len(text) > MAX_LOG_LINE_CHARS:
+                    text = text[:MAX_LOG_LINE_CHARS] + " [line cut]"
+                lines.append(LogLine(rank=rank, offset=offset, text=text, at=now))
+                offset += len(raw)
+            self._offsets[path.name] = start + end
+        return lines

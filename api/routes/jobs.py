@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Query
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from api import views
 from api.deps import CoordinatorDep, DatabaseDep, JobId, NotifierDep, SettingsDep
 from api.lifecycle import JobStatus
-from api.schemas import JobPublic, JobSpec, JobsPublic, MetricsPublic
+from api.schemas import DB_INT_MAX, JobPublic, JobSpec, JobsPublic, LogsPublic, MetricsPublic
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+# How often a followed log checks for new lines.
+FOLLOW_POLL_S = 0.5
 
 
 @router.post("", status_code=201, response_model=JobPublic)
@@ -62,6 +68,68 @@ def get_metrics(
 ) -> MetricsPublic:
     """Rank 0's loss and throughput reports for the current attempt."""
     return views.read_metrics(db=db, job_id=job_id, max_points=max_points)
+
+
+@router.get(
+    "/{job_id}/logs",
+    response_model=LogsPublic,
+    responses={
+        200: {
+            "content": {
+                "application/x-ndjson": {
+                    "schema": {"description": "with follow=true: one LogLinePublic per line"}
+                }
+            }
+        }
+    },
+)
+def get_logs(
+    job_id: JobId,
+    db: DatabaseDep,
+    machine_id: Annotated[int | None, Query(ge=0, le=DB_INT_MAX)] = None,
+    rank: Annotated[int | None, Query(ge=0, le=DB_INT_MAX, description="global rank")] = None,
+    since: Annotated[int, Query(ge=0, le=DB_INT_MAX, description="only lines after this id")] = 0,
+    tail: Annotated[int | None, Query(ge=1, le=10_000, description="only the last N")] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    follow: Annotated[bool, Query(description="stream new lines until the job ends")] = False,
+) -> LogsPublic | StreamingResponse:
+    """What the job's ranks (and launchers: ``rank`` null) printed, oldest
+    first. Page with ``since=next_since``; ``follow=true`` streams
+    newline-delimited JSON lines instead, until the job has ended and every
+    line is out."""
+    first = views.read_logs(
+        db=db,
+        job_id=job_id,
+        since=since,
+        machine_id=machine_id,
+        rank=rank,
+        limit=tail or limit,
+        tail=tail is not None,
+    )
+    if not follow:
+        return first
+
+    async def stream() -> AsyncIterator[str]:
+        page = first
+        while True:
+            for line in page.lines:
+                yield line.model_dump_json() + "\n"
+            if not page.lines:
+                if page.job_status.is_terminal():
+                    return
+                await asyncio.sleep(FOLLOW_POLL_S)
+            page = await run_in_threadpool(
+                views.read_logs,
+                db=db,
+                job_id=job_id,
+                since=page.next_since,
+                machine_id=machine_id,
+                rank=rank,
+                limit=limit,
+                tail=False,
+            )
+
+    return StreamingResponse(stream(), media_type="application/x-ndjson")
 
 
 @router.get(

@@ -10,7 +10,15 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import CoordinatorDep, NotifierDep, PartId, SettingsDep
-from api.schemas import DB_INT_MAX, Ack, PartFinished, PartStarted, ProgressBatch, RendezvousBound
+from api.schemas import (
+    DB_INT_MAX,
+    Ack,
+    LogBatch,
+    PartFinished,
+    PartStarted,
+    ProgressBatch,
+    RendezvousBound,
+)
 
 router = APIRouter(prefix="/parts", tags=["worker protocol"])
 
@@ -35,6 +43,12 @@ def part_rendezvous(
 @router.post("/{part_id}/progress", response_model=Ack)
 def part_progress(part_id: PartId, body: ProgressBatch, coordinator: CoordinatorDep) -> Ack:
     return Ack(accepted=coordinator.record_progress(part_id, body))
+
+
+@router.post("/{part_id}/logs", response_model=Ack)
+def part_logs(part_id: PartId, body: LogBatch, coordinator: CoordinatorDep) -> Ack:
+    """Lines the part's ranks and launcher printed; resent lines are ignored."""
+    return Ack(accepted=coordinator.record_logs(part_id, body))
 
 
 @router.post("/{part_id}/finish", response_model=Ack)

@@ -214,6 +214,66 @@ def test_progress_is_kept_once_and_shown_on_the_job(client: httpx.Client) -> Non
     assert [(p["step"], p["loss"]) for p in points] == [(1, 2.3), (10, 1.5), (15, 0.9)]
 
 
+def test_log_lines_are_kept_once_and_served_by_rank_tail_and_since(
+    client: httpx.Client,
+) -> None:
+    a, b = ProtocolNode(client, "a"), ProtocolNode(client, "b")
+    job_id = submit(client, machines=2, processes=2)
+    starts = {n.name: n.poll()["start"][0] for n in (a, b)}
+    at = "2026-01-01T00:00:00Z"
+
+    def send(node: ProtocolNode, lines: list[tuple[int | None, int, str]]) -> httpx.Response:
+        part_id = starts[node.name]["part_id"]
+        body = [{"rank": r, "offset": o, "text": t, "at": at} for r, o, t in lines]
+        return client.post(f"/parts/{part_id}/logs", json={"node_id": node.node_id, "lines": body})
+
+    machine = {n.name: starts[n.name]["machine_id"] for n in (a, b)}
+    m0 = a if machine["a"] == 0 else b
+    m1 = b if m0 is a else a
+    first = [(0, 0, "rank 0 says hello"), (1, 0, "rank 1 says hello"), (None, 0, "launcher")]
+    for _ in range(2):  # a resend after a lost answer changes nothing
+        assert send(m0, first).json() == {"accepted": True}
+    send(m0, [(0, 18, "rank 0 again")]).raise_for_status()
+    send(m1, [(2, 0, "rank 2 on machine 1")]).raise_for_status()
+
+    def logs(**params: Any) -> dict[str, Any]:
+        page: dict[str, Any] = (
+            client.get(f"/jobs/{job_id}/logs", params=params).raise_for_status().json()
+        )
+        return page
+
+    every = logs()
+    assert [(line["machine_id"], line["rank"], line["text"]) for line in every["lines"]] == [
+        (0, 0, "rank 0 says hello"),
+        (0, 1, "rank 1 says hello"),
+        (0, None, "launcher"),
+        (0, 0, "rank 0 again"),
+        (1, 2, "rank 2 on machine 1"),
+    ]
+    assert every["job_status"] == "running"
+    assert [x["text"] for x in logs(rank=0)["lines"]] == ["rank 0 says hello", "rank 0 again"]
+    assert [x["text"] for x in logs(machine_id=1)["lines"]] == ["rank 2 on machine 1"]
+    assert [x["text"] for x in logs(tail=2)["lines"]] == ["rank 0 again", "rank 2 on machine 1"]
+    cursor = logs(limit=2)["next_since"]
+    assert [x["text"] for x in logs(since=cursor)["lines"]][0] == "launcher"
+    assert logs(since=every["next_since"]) == {
+        "lines": [],
+        "next_since": every["next_since"],
+        "job_status": "running",
+    }
+
+    # Nobody else's part; nonsense is named.
+    assert send(m1, []).status_code == 200
+    part0 = starts[m0.name]["part_id"]
+    assert (
+        client.post(f"/parts/{part0}/logs", json={"node_id": m1.node_id, "lines": []}).status_code
+        == 403
+    )
+    bad = client.get(f"/jobs/{job_id}/logs", params={"tail": 0})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["msg"].startswith("tail:")
+    assert client.get("/jobs/999999/logs").status_code == 404
+
+
 def test_a_node_cannot_report_for_another_nodes_part(client: httpx.Client) -> None:
     a, b = ProtocolNode(client, "a"), ProtocolNode(client, "b")
     job_id = submit(client)

@@ -1,0 +1,215 @@
+"""``ddpo submit | list | show | logs | cancel | nodes``: the server's API from
+a terminal. Human-readable by default, ``--json`` for scripts (the API's own
+JSON, unchanged)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import httpx
+
+from api.lifecycle import JobStatus
+from api.schemas import JobPublic, JobsPublic, LogLinePublic, LogsPublic, NodePublic
+from cli import render
+from cli.jobs import add_spec_arguments, follow, spec_from_args, submit
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--server",
+        default=os.environ.get("DDPO_SERVER", DEFAULT_SERVER),
+        help=f"the ddpo server [DDPO_SERVER, default {DEFAULT_SERVER}]",
+    )
+    parser.add_argument("--json", action="store_true", help="print the API's JSON")
+
+
+def client_for(args: argparse.Namespace) -> httpx.Client:
+    return httpx.Client(base_url=args.server, timeout=30)
+
+
+def _get(client: httpx.Client, path: str, **params: Any) -> Any:
+    try:
+        response = client.get(path, params={k: v for k, v in params.items() if v is not None})
+    except httpx.HTTPError as exc:
+        raise SystemExit(f"cannot reach the server at {client.base_url}: {exc}") from None
+    if response.status_code == 404:
+        raise SystemExit(response.json().get("detail", f"{path}: not found"))
+    response.raise_for_status()
+    return response.json()
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+# --- submit -------------------------------------------------------------------
+
+
+def add_submit(commands: Any) -> None:
+    parser = commands.add_parser("submit", help="submit a job", description="Submit a job.")
+    add_connection_arguments(parser)
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow it with a progress bar; exit 0 if it succeeds, 1 if not",
+    )
+    add_spec_arguments(parser)
+    parser.set_defaults(run=run_submit)
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        job = submit(client, spec_from_args(args))
+        if not args.wait:
+            if args.json:
+                _print_json(job.model_dump(mode="json"))
+            else:
+                print(f"submitted job {job.id} ({job.status.value})")
+            return 0
+        if not args.json:
+            print(f"submitted job {job.id}", flush=True)
+        job = follow(client, job.id, out=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        _print_json(job.model_dump(mode="json"))
+    else:
+        print(render.summary(job))
+    return 0 if job.status is JobStatus.SUCCEEDED else 1
+
+
+# --- list, show, cancel ------------------------------------------------------------
+
+
+def add_list(commands: Any) -> None:
+    parser = commands.add_parser("list", help="list jobs, newest first")
+    add_connection_arguments(parser)
+    parser.add_argument("--status", choices=[s.value for s in JobStatus])
+    parser.add_argument("--limit", type=int, default=20)
+    parser.set_defaults(run=run_list)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        data = _get(client, "/jobs", status=args.status, limit=args.limit)
+    if args.json:
+        _print_json(data)
+    else:
+        print(render.jobs_table(JobsPublic.model_validate(data)))
+    return 0
+
+
+def add_show(commands: Any) -> None:
+    parser = commands.add_parser("show", help="one job: progress, timing, result, error")
+    add_connection_arguments(parser)
+    parser.add_argument("job_id", type=int)
+    parser.set_defaults(run=run_show)
+
+
+def run_show(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        data = _get(client, f"/jobs/{args.job_id}")
+    if args.json:
+        _print_json(data)
+    else:
+        job = JobPublic.model_validate(data)
+        print(render.progress_line(job))
+        print(render.summary(job))
+    return 0
+
+
+def add_cancel(commands: Any) -> None:
+    parser = commands.add_parser("cancel", help="cancel a job (its ranks stop on every node)")
+    add_connection_arguments(parser)
+    parser.add_argument("job_id", type=int)
+    parser.set_defaults(run=run_cancel)
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        response = client.post(f"/jobs/{args.job_id}/cancel")
+    if response.status_code in (404, 409):
+        raise SystemExit(response.json().get("detail"))
+    response.raise_for_status()
+    if args.json:
+        _print_json(response.json())
+    else:
+        job = JobPublic.model_validate(response.json())
+        print(f"job {job.id} {job.status.value}")
+    return 0
+
+
+# --- logs ---------------------------------------------------------------------------
+
+
+def add_logs(commands: Any) -> None:
+    parser = commands.add_parser(
+        "logs", help="what a job's ranks printed", description="What a job's ranks printed."
+    )
+    add_connection_arguments(parser)
+    parser.add_argument("job_id", type=int)
+    parser.add_argument("--rank", type=int, help="one global rank only")
+    parser.add_argument("--machine", type=int, help="one machine id only")
+    parser.add_argument("--tail", type=int, help="only the last N lines")
+    parser.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing new lines until the job ends"
+    )
+    parser.set_defaults(run=run_logs)
+
+
+def _log_line(line: LogLinePublic, prefixed: bool) -> str:
+    if not prefixed:
+        return line.text
+    source = f"rank {line.rank}" if line.rank is not None else "launcher"
+    return f"[m{line.machine_id} {source}] {line.text}"
+
+
+def run_logs(args: argparse.Namespace) -> int:
+    params: dict[str, Any] = {"machine_id": args.machine, "rank": args.rank, "tail": args.tail}
+    prefixed = args.rank is None  # one rank's lines need no label
+    with client_for(args) as client:
+        if not args.follow:
+            page = LogsPublic.model_validate(_get(client, f"/jobs/{args.job_id}/logs", **params))
+            for line in page.lines:
+                print(line.model_dump_json() if args.json else _log_line(line, prefixed))
+            return 0
+        params["follow"] = "true"
+        with client.stream(
+            "GET",
+            f"/jobs/{args.job_id}/logs",
+            params={k: v for k, v in params.items() if v is not None},
+            timeout=httpx.Timeout(30, read=None),
+        ) as response:
+            if response.status_code == 404:
+                response.read()
+                raise SystemExit(response.json().get("detail"))
+            response.raise_for_status()
+            for raw in response.iter_lines():
+                if not raw:
+                    continue
+                line = LogLinePublic.model_validate_json(raw)
+                print(raw if args.json else _log_line(line, prefixed), flush=True)
+    return 0
+
+
+# --- nodes ----------------------------------------------------------------------------
+
+
+def add_nodes(commands: Any) -> None:
+    parser = commands.add_parser("nodes", help="worker nodes: state, heartbeat, what they run")
+    add_connection_arguments(parser)
+    parser.set_defaults(run=run_nodes)
+
+
+def run_nodes(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        data = _get(client, "/nodes")
+    if args.json:
+        _print_json(data)
+    else:
+        print(render.nodes_table([NodePublic.model_validate(n) for n in data]))
+    return 0
