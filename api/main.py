@@ -16,8 +16,9 @@ from starlette.concurrency import run_in_threadpool
 
 from api.coordinator import Coordinator
 from api.lifecycle import IllegalTransition
+from api.monitoring import LatencyMiddleware, make_registry
 from api.notifier import Notifier
-from api.routes import health, jobs, nodes, parts, studies
+from api.routes import health, jobs, nodes, parts, prometheus, studies
 from api.settings import ServerSettings
 from db.engine import Database
 
@@ -54,7 +55,16 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.db = db
     app.state.notifier = notifier
     app.state.coordinator = coordinator
-    for router in (jobs.router, studies.router, nodes.router, parts.router, health.router):
+    app.state.registry, latency = make_registry(db)
+    app.add_middleware(LatencyMiddleware, latency=latency)
+    for router in (
+        jobs.router,
+        studies.router,
+        nodes.router,
+        parts.router,
+        health.router,
+        prometheus.router,
+    ):
         app.include_router(router)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(IllegalTransition, _illegal_transition)

@@ -287,3 +287,21 @@ def logs_of_job(
     order = col(LogRow.id).desc() if newest else col(LogRow.id)
     rows = list(session.exec(statement.order_by(order).limit(limit)).all())
     return rows[::-1] if newest else rows
+
+
+# --- counts for monitoring ------------------------------------------------------
+
+
+def job_counts_by_status(*, session: Session) -> dict[str, int]:
+    statement = select(Job.status, func.count()).group_by(col(Job.status))
+    return {status: count for status, count in session.exec(statement).all()}
+
+
+def node_counts_by_state(*, session: Session) -> dict[str, int]:
+    statement = select(Node.state, func.count()).group_by(col(Node.state))
+    return {state: count for state, count in session.exec(statement).all()}
+
+
+def part_count(*, session: Session) -> int:
+    """Every machine id ever handed to a node: the claims made."""
+    return int(session.exec(select(func.count()).select_from(Part)).one())

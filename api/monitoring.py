@@ -1,0 +1,87 @@
+"""Prometheus metrics at ``/metrics``: what the database says (jobs by state,
+the queue, nodes by state, claims), read at scrape time so the figures always
+match it, and request latency measured as requests go by."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.lifecycle import JobStatus, NodeState
+from db import queries
+from db.engine import Database
+
+
+class DatabaseCollector(Collector):
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def collect(self) -> Iterator[Metric]:
+        with self.db.read() as session:
+            jobs = queries.job_counts_by_status(session=session)
+            nodes = queries.node_counts_by_state(session=session)
+            claims = queries.part_count(session=session)
+        by_status = GaugeMetricFamily("ddpo_jobs", "Jobs in each state", labels=["state"])
+        for status in JobStatus:
+            by_status.add_metric([status.value], jobs.get(status.value, 0))
+        yield by_status
+        yield GaugeMetricFamily(
+            "ddpo_queue_length",
+            "Jobs waiting to start",
+            value=jobs.get(JobStatus.QUEUED.value, 0),
+        )
+        by_state = GaugeMetricFamily("ddpo_nodes", "Worker nodes in each state", labels=["state"])
+        for state in NodeState:
+            by_state.add_metric([state.value], nodes.get(state.value, 0))
+        yield by_state
+        yield CounterMetricFamily(
+            "ddpo_claims",
+            "Machine ids of jobs handed to nodes (one per part started)",
+            value=claims,
+        )
+
+
+def make_registry(db: Database) -> tuple[CollectorRegistry, Histogram]:
+    """One registry per app, so several apps in one process (tests) never mix."""
+    registry = CollectorRegistry()
+    registry.register(DatabaseCollector(db))
+    latency = Histogram(
+        "ddpo_http_request_duration_seconds",
+        "Time to the response's first byte, by route template",
+        ["method", "route", "status"],
+        registry=registry,
+        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    )
+    return registry, latency
+
+
+class LatencyMiddleware:
+    """Times each HTTP request to the start of its response (a streamed
+    response's length is not latency), labelled with the route's template
+    rather than its path, so job ids do not explode the label set."""
+
+    def __init__(self, app: ASGIApp, latency: Histogram) -> None:
+        self.app = app
+        self.latency = latency
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+
+        async def timed_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                route = scope.get("route")
+                template = getattr(route, "path", None) or "unmatched"
+                self.latency.labels(scope["method"], template, str(message["status"])).observe(
+                    time.perf_counter() - started
+                )
+            await send(message)
+
+        await self.app(scope, receive, timed_send)

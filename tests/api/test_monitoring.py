@@ -1,0 +1,63 @@
+"""``GET /metrics``: Prometheus's own parser reads it, and what it says about
+jobs, nodes and claims is what the database holds."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.api.conftest import ProtocolNode, ThreadedServer
+
+
+def scrape(client: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def test_job_node_and_claim_counts_match_the_database(
+    server: ThreadedServer, client: httpx.Client
+) -> None:
+    a, b = ProtocolNode(client, "a"), ProtocolNode(client, "b")
+    ids = [client.post("/jobs", json={}).json()["id"] for _ in range(5)]
+    started = a.poll()["start"] + b.poll()["start"]  # two of them start
+    assert len(started) == 2
+    client.post(f"/jobs/{ids[-1]}/cancel").raise_for_status()  # one queued one cancelled
+    # One node goes silent and is declared lost by hand, as the sweep would.
+    path = server.settings.database_url.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE node SET state = 'lost' WHERE name = 'b'")
+
+    metrics = scrape(client)
+    with sqlite3.connect(path) as db:
+        jobs = dict(db.execute("SELECT status, COUNT(*) FROM job GROUP BY status").fetchall())
+        nodes = dict(db.execute("SELECT state, COUNT(*) FROM node GROUP BY state").fetchall())
+        parts = db.execute("SELECT COUNT(*) FROM part").fetchone()[0]
+    assert jobs == {"queued": 2, "running": 2, "cancelled": 1}
+    for status in ("queued", "running", "succeeded", "failed", "cancelling", "cancelled"):
+        assert metrics[("ddpo_jobs", (("state", status),))] == jobs.get(status, 0)
+    assert metrics[("ddpo_queue_length", ())] == jobs["queued"]
+    assert metrics[("ddpo_nodes", (("state", "live"),))] == nodes["live"] == 1
+    assert metrics[("ddpo_nodes", (("state", "lost"),))] == nodes["lost"] == 1
+    assert metrics[("ddpo_claims_total", ())] == parts == 2
+
+
+def test_request_latency_is_recorded_by_route_template(client: httpx.Client) -> None:
+    job_id = client.post("/jobs", json={}).json()["id"]
+    for _ in range(3):
+        client.get(f"/jobs/{job_id}").raise_for_status()
+    client.get("/jobs/999999")
+    metrics = scrape(client)
+    key = "ddpo_http_request_duration_seconds_count"
+    ok = (("method", "GET"), ("route", "/jobs/{job_id}"), ("status", "200"))
+    missing = (("method", "GET"), ("route", "/jobs/{job_id}"), ("status", "404"))
+    assert metrics[(key, ok)] == 3
+    assert metrics[(key, missing)] == 1
+    assert not any("999999" in str(labels) for _, labels in metrics)
