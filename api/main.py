@@ -18,7 +18,7 @@ from api.coordinator import Coordinator
 from api.lifecycle import IllegalTransition
 from api.monitoring import LatencyMiddleware, make_registry
 from api.notifier import Notifier
-from api.routes import health, jobs, nodes, parts, prometheus, studies
+from api.routes import dashboard, health, jobs, nodes, parts, prometheus, studies
 from api.settings import ServerSettings
 from db.engine import Database
 
@@ -64,6 +64,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         parts.router,
         health.router,
         prometheus.router,
+        dashboard.router,
     ):
         app.include_router(router)
     app.add_exception_handler(RequestValidationError, _validation_error)

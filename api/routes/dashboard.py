@@ -1,0 +1,47 @@
+"""The web dashboard, served by the API server itself: one HTML shell, a
+script and a stylesheet from ``api/dashboard/``, and plotly's chart library
+from the installed ``plotly`` package. The pages read the same JSON API as
+everyone else; nothing here reaches the database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, HTTPException
+from fastapi.responses import FileResponse, RedirectResponse
+
+ASSETS = Path(__file__).resolve().parent.parent / "dashboard"
+STATIC = {
+    "app.js": "text/javascript",
+    "app.css": "text/css",
+}
+
+router = APIRouter(include_in_schema=False)
+
+
+def _plotly_js() -> Path:
+    import plotly
+
+    return Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+
+
+@router.get("/")
+def root() -> RedirectResponse:
+    return RedirectResponse("/ui/jobs")
+
+
+@router.get("/ui/static/{name}")
+def static(name: str) -> FileResponse:
+    if name == "plotly.min.js":
+        return FileResponse(_plotly_js(), media_type="text/javascript")
+    if name not in STATIC:
+        raise HTTPException(404, f"no dashboard file {name!r}")
+    return FileResponse(ASSETS / name, media_type=STATIC[name])
+
+
+@router.get("/ui")
+@router.get("/ui/{page:path}")
+def page(page: str = "jobs") -> FileResponse:
+    """Every page is the same shell; its script renders what the path names
+    (jobs, jobs/<id>, submit, nodes)."""
+    return FileResponse(ASSETS / "index.html", media_type="text/html")

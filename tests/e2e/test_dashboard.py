@@ -1,0 +1,134 @@
+"""The dashboard in a real headless Chromium, against the real server and
+workers: submit through the form, watch the bar and the loss chart fill, see
+the accuracy, cancel a job from its page. Screenshots go to test-artifacts/."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cli.cluster import LocalCluster
+from tests.conftest import REPO
+from tests.e2e.conftest import Jobs
+
+sync_api = pytest.importorskip("playwright.sync_api")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# CI sets DDPO_REQUIRE_BROWSER: there a missing browser fails, never skips.
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None and not os.environ.get("DDPO_REQUIRE_BROWSER"),
+    reason="needs a Chromium: apt-get install chromium (.ci/run does)",
+)
+ARTIFACTS = REPO / "test-artifacts"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture
+def page() -> Iterator[Any]:
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_api.sync_playwright() as playwright:
+        assert CHROMIUM is not None, "no chromium on PATH"
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        # A laptop screen.
+        tab = browser.new_page(viewport={"width": 1366, "height": 768})
+        errors: list[str] = []
+        tab.on("pageerror", lambda error: errors.append(str(error)))
+        try:
+            yield tab
+        finally:
+            browser.close()
+        assert errors == [], f"script errors on the page: {errors}"
+
+
+def badge(page: Any) -> str:
+    text: str = page.locator("#status .badge").inner_text()
+    return text
+
+
+def test_submit_watch_and_cancel_from_the_browser(
+    page: Any, cluster: LocalCluster, jobs: Jobs
+) -> None:
+    page.goto(f"{cluster.url}/ui/submit")
+    page.fill("input[name=name]", "from-the-form")
+    page.fill("input[name=batch_size]", "64")
+    page.fill("input[name=num_processes]", "2")
+    page.fill("input[name=max_steps_per_epoch]", "300")
+    page.click("button[type=submit]")
+    page.wait_for_url(re.compile(r"/ui/jobs/\d+$"))
+    job_id = int(page.url.rsplit("/", 1)[1])
+    submitted = jobs.get(job_id)
+    assert submitted["name"] == "from-the-form"
+    assert submitted["spec"]["topology"]["num_processes"] == 2
+    assert submitted["spec"]["batch_size"] == 64
+
+    # Caught mid-run: the bar part-way, the chart with points in it.
+    page.wait_for_function(
+        """() => {
+            const pct = parseFloat(document.getElementById('percent').textContent);
+            const chart = document.getElementById('loss-chart');
+            return pct > 0 && pct < 100 && chart.data && chart.data[0].x.length >= 2;
+        }""",
+        timeout=120_000,
+    )
+    assert badge(page) == "running"
+    width = page.eval_on_selector("#progress-bar .bar > span", "s => s.style.width")
+    assert 0 < float(width.rstrip("%")) < 100
+    assert re.search(r"ETA \d", page.inner_text("#eta"))
+
+    page.wait_for_function(
+        "document.querySelector('#status .badge').textContent === 'succeeded'",
+        timeout=120_000,
+    )
+    job = jobs.get(job_id)
+    expected = f"{100 * job['result']['test_accuracy']:.2f}%"
+    page.wait_for_function(f"document.getElementById('accuracy')?.textContent === '{expected}'")
+    points = page.eval_on_selector("#loss-chart", "c => c.data[0].x.length")
+    assert points == len(jobs.client.get(f"/jobs/{job_id}/metrics").json()["points"]) >= 30
+    page.wait_for_function("document.getElementById('logs').textContent.includes('Test set:')")
+    assert page.locator("#machines tbody tr").count() == 1
+    page.screenshot(path=str(ARTIFACTS / "dashboard-job.png"), full_page=True)
+
+    # The jobs page lists it, filtered by status.
+    page.goto(f"{cluster.url}/ui/jobs")
+    row = page.locator(f"#jobs tr[data-job='{job_id}']")
+    row.wait_for()
+    assert "from-the-form" in row.inner_text() and expected in row.inner_text()
+    page.select_option("#status-filter", "failed")
+    row.wait_for(state="detached")
+    page.select_option("#status-filter", "succeeded")
+    row.wait_for()
+    page.select_option("#status-filter", "")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-jobs.png"), full_page=True)
+
+    # A second job, cancelled from its page.
+    long_id = jobs.submit(name="to-cancel")  # a whole epoch: far longer than the test
+    page.goto(f"{cluster.url}/ui/jobs/{long_id}")
+    page.wait_for_function(
+        "document.querySelector('#status .badge')?.textContent === 'running'", timeout=60_000
+    )
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#cancel")
+    page.wait_for_function(
+        "document.querySelector('#status .badge').textContent === 'cancelled'", timeout=15_000
+    )
+    assert jobs.get(long_id)["status"] == "cancelled"
+    assert page.is_disabled("#cancel")
+
+    page.goto(f"{cluster.url}/ui/nodes")
+    page.locator("#nodes tbody tr").nth(1).wait_for()
+    assert sorted(page.locator("#nodes tbody tr td:first-child").all_inner_texts()) == [
+        "node-0",
+        "node-1",
+    ]
+    page.screenshot(path=str(ARTIFACTS / "dashboard-nodes.png"), full_page=True)
