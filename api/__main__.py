@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
+        access_log=settings.access_log,
         # One process: the scheduler and long-poll wake-ups live in it.
         workers=1,
     )

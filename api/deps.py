@@ -8,6 +8,7 @@ from fastapi import Depends, Path, Request
 
 from api.coordinator import Coordinator
 from api.notifier import Notifier
+from api.read_cache import ReadCache
 from api.schemas import DB_INT_MAX
 from api.settings import ServerSettings
 from db.engine import Database
@@ -28,6 +29,11 @@ def get_notifier(request: Request) -> Notifier:
     return notifier
 
 
+def get_read_cache(request: Request) -> ReadCache:
+    cache: ReadCache = request.app.state.read_cache
+    return cache
+
+
 def get_settings(request: Request) -> ServerSettings:
     settings: ServerSettings = request.app.state.settings
     return settings
@@ -37,6 +43,7 @@ CoordinatorDep = Annotated[Coordinator, Depends(get_coordinator)]
 DatabaseDep = Annotated[Database, Depends(get_db)]
 NotifierDep = Annotated[Notifier, Depends(get_notifier)]
 SettingsDep = Annotated[ServerSettings, Depends(get_settings)]
+ReadCacheDep = Annotated[ReadCache, Depends(get_read_cache)]
 
 JobId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]
 NodeId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]

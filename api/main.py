@@ -18,6 +18,7 @@ from api.coordinator import Coordinator
 from api.lifecycle import IllegalTransition
 from api.monitoring import LatencyMiddleware, make_registry
 from api.notifier import Notifier
+from api.read_cache import ReadCache, ReadCacheMiddleware
 from api.routes import dashboard, health, jobs, nodes, parts, prometheus, studies
 from api.settings import ServerSettings
 from db.engine import Database
@@ -55,7 +56,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.db = db
     app.state.notifier = notifier
     app.state.coordinator = coordinator
+    app.state.read_cache = ReadCache(db)
     app.state.registry, latency = make_registry(db)
+    # Added last runs first: latency is measured around cached answers too.
+    app.add_middleware(ReadCacheMiddleware, cache=app.state.read_cache)
     app.add_middleware(LatencyMiddleware, latency=latency)
     for router in (
         jobs.router,

@@ -29,6 +29,11 @@ class ServerSettings(BaseSettings):
     artifacts_dir: Path = Field(Path("./artifacts"), description="Uploaded checkpoints")
     max_checkpoint_mb: int = Field(2048, ge=1, description="Largest checkpoint accepted")
     log_level: str = "info"
+    access_log: bool = Field(
+        False,
+        description="Log every request (off by default: at dashboard polling rates the "
+        "log lines cost the server more CPU than answering; /metrics has request latency)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:

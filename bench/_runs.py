@@ -4,6 +4,7 @@ drift in a noisy machine's speed favours none of them."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,10 +98,17 @@ def run_direct(spec: JobSpec, data_dir: Path, work: Path) -> Run:
     return Run("direct", wall, result.train_seconds, result.test_accuracy)
 
 
-def run_orchestrated(spec: JobSpec, client: httpx.Client, way: str = "orchestrated") -> Run:
-    """POST /jobs and wait; wall time from the job's created_at to finished_at."""
+def run_orchestrated(
+    spec: JobSpec,
+    client: httpx.Client,
+    way: str = "orchestrated",
+    watch: Callable[[int], AbstractContextManager[object]] | None = None,
+) -> Run:
+    """POST /jobs and wait (inside ``watch(job_id)`` if given); wall time
+    from the job's created_at to finished_at."""
     job_id = client.post("/jobs", json=spec.model_dump(mode="json")).raise_for_status().json()["id"]
-    job = wait_for_job(client, job_id)
+    with watch(job_id) if watch is not None else contextlib.nullcontext():
+        job = wait_for_job(client, job_id)
     assert job.result is not None and job.timing.finished_at is not None
     wall = (job.timing.finished_at - job.timing.created_at).total_seconds()
     return Run(way, wall, job.result.train_seconds, job.result.test_accuracy)

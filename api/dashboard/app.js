@@ -5,7 +5,8 @@
 const STATUSES = ["queued", "running", "cancelling", "succeeded", "failed", "cancelled"];
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 const JOB_POLL_MS = 1000;   // the job page: about once a second
-const LIST_POLL_MS = 2000;  // lists and logs
+const LIST_POLL_MS = 2000;  // lists
+const SLOW_EVERY = 3;       // the chart and the logs: every third poll of the job
 const LOG_LINES = 100;
 
 // --- helpers -----------------------------------------------------------------
@@ -260,17 +261,21 @@ function jobPage(id) {
     finalLogs = TERMINAL.has(job.status);
   }
 
+  // The job every poll; the chart (when there is new progress) and the logs
+  // every third one, and once more when the job has ended.
   let tick = 0;
   every(JOB_POLL_MS, async () => {
     const job = await api(`/jobs/${id}`);
     render(job);
+    const ended = TERMINAL.has(job.status);
+    const slow = tick++ % SLOW_EVERY === 0 || ended;
     const seq = job.progress ? `${job.progress.epoch}/${job.progress.batch}` : null;
-    if (seq !== lastSeq || chartPoints < 0) {
+    if (slow && (seq !== lastSeq || chartPoints < 0)) {
       lastSeq = seq;
       await refreshChart();
     }
-    if (!finalLogs && (tick++ % 2 === 0 || TERMINAL.has(job.status))) await refreshLogs(job);
-    return !(TERMINAL.has(job.status) && finalLogs);
+    if (slow && !finalLogs) await refreshLogs(job);
+    return !(ended && finalLogs);
   });
 }
 

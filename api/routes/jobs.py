@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Query
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse, Response, StreamingResponse
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from api import views
-from api.deps import CoordinatorDep, DatabaseDep, JobId, NotifierDep, SettingsDep
+from api.deps import CoordinatorDep, DatabaseDep, JobId, NotifierDep, ReadCacheDep, SettingsDep
 from api.lifecycle import JobStatus
+from api.read_cache import ReadCache, cached_json
 from api.schemas import DB_INT_MAX, JobPublic, JobSpec, JobsPublic, LogsPublic, MetricsPublic
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -45,8 +47,20 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-def get_job(job_id: JobId, db: DatabaseDep) -> JobPublic:
-    return views.read_job(db=db, job_id=job_id)
+async def get_job(
+    job_id: JobId, request: Request, db: DatabaseDep, cache: ReadCacheDep
+) -> Response:
+    """What dashboards poll, about once a second each, so it is lean: the
+    same answer is shared until the next write (api/read_cache.py), read on
+    the event loop (a WAL-mode read takes well under a millisecond and never
+    waits for writers; a thread hand-off would cost more than the read) and
+    serialised once, without FastAPI re-checking the model it was built as."""
+    return _cached(request, cache, lambda: views.read_job(db=db, job_id=job_id))
+
+
+def _cached(request: Request, cache: ReadCache, read: Callable[[], BaseModel]) -> Response:
+    body = cached_json(request, cache, lambda: read().model_dump_json().encode())
+    return Response(body, media_type="application/json")
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
@@ -61,13 +75,17 @@ def cancel_job(
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPublic)
-def get_metrics(
+async def get_metrics(
     job_id: JobId,
+    request: Request,
     db: DatabaseDep,
+    cache: ReadCacheDep,
     max_points: Annotated[int, Query(ge=2, le=10_000)] = 1000,
-) -> MetricsPublic:
+) -> Response:
     """Rank 0's loss and throughput reports for the current attempt."""
-    return views.read_metrics(db=db, job_id=job_id, max_points=max_points)
+    return _cached(
+        request, cache, lambda: views.read_metrics(db=db, job_id=job_id, max_points=max_points)
+    )
 
 
 @router.get(
@@ -83,31 +101,37 @@ def get_metrics(
         }
     },
 )
-def get_logs(
+async def get_logs(
     job_id: JobId,
+    request: Request,
     db: DatabaseDep,
+    cache: ReadCacheDep,
     machine_id: Annotated[int | None, Query(ge=0, le=DB_INT_MAX)] = None,
     rank: Annotated[int | None, Query(ge=0, le=DB_INT_MAX, description="global rank")] = None,
     since: Annotated[int, Query(ge=0, le=DB_INT_MAX, description="only lines after this id")] = 0,
     tail: Annotated[int | None, Query(ge=1, le=10_000, description="only the last N")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     follow: Annotated[bool, Query(description="stream new lines until the job ends")] = False,
-) -> LogsPublic | StreamingResponse:
+) -> Response:
     """What the job's ranks (and launchers: ``rank`` null) printed, oldest
     first. Page with ``since=next_since``; ``follow=true`` streams
     newline-delimited JSON lines instead, until the job has ended and every
     line is out."""
-    first = views.read_logs(
-        db=db,
-        job_id=job_id,
-        since=since,
-        machine_id=machine_id,
-        rank=rank,
-        limit=tail or limit,
-        tail=tail is not None,
-    )
+
+    def read() -> LogsPublic:
+        return views.read_logs(
+            db=db,
+            job_id=job_id,
+            since=since,
+            machine_id=machine_id,
+            rank=rank,
+            limit=tail or limit,
+            tail=tail is not None,
+        )
+
     if not follow:
-        return first
+        return _cached(request, cache, read)
+    first = await run_in_threadpool(read)
 
     async def stream() -> AsyncIterator[str]:
         page = first

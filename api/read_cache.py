@@ -1,0 +1,107 @@
+"""Answers to the GETs dashboards poll, kept until the database's next write
+or a fraction of a second, whichever comes first.
+
+Fifty dashboards on one job ask the same question fifty times a second; the
+answer changes only when something is written (a progress report, a
+heartbeat, a finish), a few times a second. Keying each answer to the
+database's write count makes a cached answer exactly as fresh as a new read:
+a read that began before a write committed is never served after it. The
+time limit bounds the fields computed from the clock (running time, ETA).
+
+``ReadCacheMiddleware`` answers a GET whose answer is cached before routing,
+validation and dependencies run (a tenth of the CPU of a routed request);
+route handlers fill the cache. Anything that must see every request
+(authentication, say) has to sit in front of it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from db.engine import Database
+
+TTL_S = 0.5
+MAX_ENTRIES = 1024
+
+
+class ReadCache:
+    def __init__(self, db: Database, ttl_s: float = TTL_S, max_entries: int = MAX_ENTRIES) -> None:
+        self.db = db
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        # key -> (write count, when, answer, the route that made it)
+        self._entries: OrderedDict[Hashable, tuple[int, float, bytes, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def peek(self, key: Hashable) -> tuple[bytes, Any] | None:
+        """The answer and its route, if one is cached and still fresh."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if (
+                entry is None
+                or entry[0] != self.db.writes
+                or time.monotonic() - entry[1] >= self.ttl_s
+            ):
+                return None
+            self.hits += 1
+            return entry[2], entry[3]
+
+    def get(self, key: Hashable, compute: Callable[[], bytes], route: Any = None) -> bytes:
+        writes = self.db.writes  # before reading: a write after this makes the entry stale
+        now = time.monotonic()
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry[0] == writes and now - entry[1] < self.ttl_s:
+                self.hits += 1
+                return entry[2]
+        body = compute()  # an exception (404, ...) is not cached
+        with self._lock:
+            self.misses += 1
+            self._entries[key] = (writes, now, body, route)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        return body
+
+
+def request_key(scope: Scope) -> tuple[str, str]:
+    return scope["path"], scope["query_string"].decode("latin-1")
+
+
+def cached_json(request: Request, cache: ReadCache, compute: Callable[[], bytes]) -> bytes:
+    """For a route handler: the cached answer to this request, or a new one."""
+    return cache.get(request_key(request.scope), compute, request.scope.get("route"))
+
+
+class ReadCacheMiddleware:
+    def __init__(self, app: ASGIApp, cache: ReadCache) -> None:
+        self.app = app
+        self.cache = cache
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "GET":
+            hit = self.cache.peek(request_key(scope))
+            if hit is not None:
+                body, scope["route"] = hit  # the route, for the latency metric's label
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 200,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)

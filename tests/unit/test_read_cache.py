@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from api.read_cache import ReadCache
+
+
+class FakeDatabase:
+    def __init__(self) -> None:
+        self.writes = 0
+
+
+def make(ttl_s: float, max_entries: int = 100) -> tuple[Any, ReadCache]:
+    db = FakeDatabase()
+    cache = ReadCache(db, ttl_s=ttl_s, max_entries=max_entries)  # type: ignore[arg-type]
+    return db, cache
+
+
+def read(db: Any, cache: ReadCache, key: str = "k") -> tuple[bytes, bool]:
+    """The answer, and whether the database was read for it."""
+    computed: list[bool] = []
+
+    def compute() -> bytes:
+        computed.append(True)
+        return f"answer after {db.writes} writes".encode()
+
+    return cache.get(key, compute), bool(computed)
+
+
+def test_an_answer_is_shared_until_the_next_write() -> None:
+    db, cache = make(ttl_s=60)
+    first, computed = read(db, cache)
+    assert computed
+    assert read(db, cache) == (first, False)
+    assert read(db, cache, "other")[1]  # per key
+    db.writes += 1
+    assert read(db, cache) == (b"answer after 1 writes", True)
+
+
+def test_an_answer_expires_without_writes_too() -> None:
+    db, cache = make(ttl_s=0.05)
+    read(db, cache)
+    deadline = time.monotonic() + 5
+    while not read(db, cache)[1]:  # served from the cache until it expires
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_errors_are_not_kept() -> None:
+    _, cache = make(ttl_s=60)
+
+    def fails() -> bytes:
+        raise LookupError("not found")
+
+    with pytest.raises(LookupError):
+        cache.get("k", fails)
+    assert cache.get("k", lambda: b"now it exists") == b"now it exists"
+
+
+def test_the_oldest_entries_make_way() -> None:
+    db, cache = make(ttl_s=60, max_entries=2)
+    for key in ("a", "b", "c"):
+        read(db, cache, key)
+    assert read(db, cache, "a")[1]  # "a" was dropped
+    assert not read(db, cache, "c")[1]
