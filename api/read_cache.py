@@ -2,11 +2,12 @@
 or a fraction of a second, whichever comes first.
 
 Fifty dashboards on one job ask the same question fifty times a second; the
-answer changes only when something is written (a progress report, a
-heartbeat, a finish), a few times a second. Keying each answer to the
-database's write count makes a cached answer exactly as fresh as a new read:
-a read that began before a write committed is never served after it. The
-time limit bounds the fields computed from the clock (running time, ETA).
+answer changes only when one of the tables it is read from is written (a
+progress report, a finish), about once a second. Keying each answer to the
+database's count of writes to those tables makes a cached answer exactly as
+fresh as a new read: a read that began before such a write committed is never
+served after it. The time limit bounds the fields computed from the clock
+(running time, ETA).
 
 ``ReadCacheMiddleware`` answers a GET whose answer is cached before routing,
 validation and dependencies run (a tenth of the CPU of a routed request);
@@ -36,8 +37,11 @@ class ReadCache:
         self.db = db
         self.ttl_s = ttl_s
         self.max_entries = max_entries
-        # key -> (write count, when, answer, the route that made it)
-        self._entries: OrderedDict[Hashable, tuple[int, float, bytes, Any]] = OrderedDict()
+        # key -> (the tables it was read from, their write counts, when, the
+        # answer, the route that made it)
+        self._entries: OrderedDict[
+            Hashable, tuple[tuple[type, ...], tuple[int, ...], float, bytes, Any]
+        ] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -48,25 +52,33 @@ class ReadCache:
             entry = self._entries.get(key)
             if (
                 entry is None
-                or entry[0] != self.db.writes
-                or time.monotonic() - entry[1] >= self.ttl_s
+                or self.db.writes_to(entry[0]) != entry[1]
+                or time.monotonic() - entry[2] >= self.ttl_s
             ):
                 return None
             self.hits += 1
-            return entry[2], entry[3]
+            return entry[3], entry[4]
 
-    def get(self, key: Hashable, compute: Callable[[], bytes], route: Any = None) -> bytes:
-        writes = self.db.writes  # before reading: a write after this makes the entry stale
+    def get(
+        self,
+        key: Hashable,
+        compute: Callable[[], bytes],
+        tables: tuple[type, ...],
+        route: Any = None,
+    ) -> bytes:
+        """``compute`` reads ``tables`` (all of them: a table left out would
+        not make the answer stale when written)."""
+        writes = self.db.writes_to(tables)  # before reading: later writes make it stale
         now = time.monotonic()
         with self._lock:
             entry = self._entries.get(key)
-            if entry is not None and entry[0] == writes and now - entry[1] < self.ttl_s:
+            if entry is not None and entry[1] == writes and now - entry[2] < self.ttl_s:
                 self.hits += 1
-                return entry[2]
+                return entry[3]
         body = compute()  # an exception (404, ...) is not cached
         with self._lock:
             self.misses += 1
-            self._entries[key] = (writes, now, body, route)
+            self._entries[key] = (tables, writes, now, body, route)
             self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
@@ -77,9 +89,11 @@ def request_key(scope: Scope) -> tuple[str, str]:
     return scope["path"], scope["query_string"].decode("latin-1")
 
 
-def cached_json(request: Request, cache: ReadCache, compute: Callable[[], bytes]) -> bytes:
+def cached_json(
+    request: Request, cache: ReadCache, compute: Callable[[], bytes], tables: tuple[type, ...]
+) -> bytes:
     """For a route handler: the cached answer to this request, or a new one."""
-    return cache.get(request_key(request.scope), compute, request.scope.get("route"))
+    return cache.get(request_key(request.scope), compute, tables, request.scope.get("route"))
 
 
 class ReadCacheMiddleware:

@@ -29,10 +29,10 @@ class Database:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        # Counts committed write transactions that changed anything besides
-        # nodes' heartbeats: a cached read of jobs taken before the count
-        # moved may be stale (see api/read_cache.py).
-        self.writes = 0
+        # Committed write transactions that changed each table: a cached
+        # read of some tables taken before their counts moved may be stale
+        # (see api/read_cache.py).
+        self._writes: dict[type, int] = {}
         self._writes_lock = threading.Lock()
         self.is_sqlite = make_url(url).get_backend_name() == "sqlite"
         self.engine = _make_engine(url, self.is_sqlite)
@@ -60,10 +60,13 @@ class Database:
             event.listen(session, "before_flush", note)
             with session.begin():
                 yield session
-        # A heartbeat alone (the most frequent write) leaves every job as it was.
-        if touched - {models.Node}:
-            with self._writes_lock:
-                self.writes += 1
+        with self._writes_lock:
+            for table in touched:
+                self._writes[table] = self._writes.get(table, 0) + 1
+
+    def writes_to(self, tables: tuple[type, ...]) -> tuple[int, ...]:
+        """How many committed transactions have changed each of these tables."""
+        return tuple(self._writes.get(table, 0) for table in tables)
 
     def dispose(self) -> None:
         self.engine.dispose()

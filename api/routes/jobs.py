@@ -16,6 +16,7 @@ from api.deps import CoordinatorDep, DatabaseDep, JobId, NotifierDep, ReadCacheD
 from api.lifecycle import JobStatus
 from api.read_cache import ReadCache, cached_json
 from api.schemas import DB_INT_MAX, JobPublic, JobSpec, JobsPublic, LogsPublic, MetricsPublic
+from db.models import Attempt, Job, LogRow, Part, ProgressRow
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -55,12 +56,22 @@ async def get_job(
     the event loop (a WAL-mode read takes well under a millisecond and never
     waits for writers; a thread hand-off would cost more than the read) and
     serialised once, without FastAPI re-checking the model it was built as."""
-    return _cached(request, cache, lambda: views.read_job(db=db, job_id=job_id))
+    return _cached(request, cache, lambda: views.read_job(db=db, job_id=job_id), JOB_TABLES)
 
 
-def _cached(request: Request, cache: ReadCache, read: Callable[[], BaseModel]) -> Response:
-    body = cached_json(request, cache, lambda: read().model_dump_json().encode())
+def _cached(
+    request: Request, cache: ReadCache, read: Callable[[], BaseModel], tables: tuple[type, ...]
+) -> Response:
+    body = cached_json(request, cache, lambda: read().model_dump_json().encode(), tables)
     return Response(body, media_type="application/json")
+
+
+# What each cached answer is read from. Node rows are left out of the job's
+# on purpose: heartbeats write them every second, and the name and address a
+# job shows do not change (the cache's time limit covers a re-registration).
+JOB_TABLES = (Job, Attempt, Part)
+METRICS_TABLES = (Job, ProgressRow)
+LOGS_TABLES = (Job, LogRow)
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
@@ -84,7 +95,10 @@ async def get_metrics(
 ) -> Response:
     """Rank 0's loss and throughput reports for the current attempt."""
     return _cached(
-        request, cache, lambda: views.read_metrics(db=db, job_id=job_id, max_points=max_points)
+        request,
+        cache,
+        lambda: views.read_metrics(db=db, job_id=job_id, max_points=max_points),
+        METRICS_TABLES,
     )
 
 
@@ -130,7 +144,7 @@ async def get_logs(
         )
 
     if not follow:
-        return _cached(request, cache, read)
+        return _cached(request, cache, read, LOGS_TABLES)
     first = await run_in_threadpool(read)
 
     async def stream() -> AsyncIterator[str]:

@@ -8,9 +8,20 @@ import pytest
 from api.read_cache import ReadCache
 
 
+class Job:
+    pass
+
+
+class Node:
+    pass
+
+
 class FakeDatabase:
     def __init__(self) -> None:
-        self.writes = 0
+        self.writes: dict[type, int] = {Job: 0, Node: 0}
+
+    def writes_to(self, tables: tuple[type, ...]) -> tuple[int, ...]:
+        return tuple(self.writes[t] for t in tables)
 
 
 def make(ttl_s: float, max_entries: int = 100) -> tuple[Any, ReadCache]:
@@ -25,9 +36,9 @@ def read(db: Any, cache: ReadCache, key: str = "k") -> tuple[bytes, bool]:
 
     def compute() -> bytes:
         computed.append(True)
-        return f"answer after {db.writes} writes".encode()
+        return f"answer after {db.writes[Job]} writes".encode()
 
-    return cache.get(key, compute), bool(computed)
+    return cache.get(key, compute, (Job,)), bool(computed)
 
 
 def test_an_answer_is_shared_until_the_next_write() -> None:
@@ -36,7 +47,9 @@ def test_an_answer_is_shared_until_the_next_write() -> None:
     assert computed
     assert read(db, cache) == (first, False)
     assert read(db, cache, "other")[1]  # per key
-    db.writes += 1
+    db.writes[Node] += 1  # a table the answer was not read from
+    assert read(db, cache) == (first, False)
+    db.writes[Job] += 1
     assert read(db, cache) == (b"answer after 1 writes", True)
 
 
@@ -56,8 +69,8 @@ def test_errors_are_not_kept() -> None:
         raise LookupError("not found")
 
     with pytest.raises(LookupError):
-        cache.get("k", fails)
-    assert cache.get("k", lambda: b"now it exists") == b"now it exists"
+        cache.get("k", fails, (Job,))
+    assert cache.get("k", lambda: b"now it exists", (Job,)) == b"now it exists"
 
 
 def test_the_oldest_entries_make_way() -> None:
