@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from typing import TextIO
@@ -33,6 +34,23 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--lr", type=float, default=defaults.lr)
     group.add_argument("--seed", type=int, default=defaults.seed)
     group.add_argument("--max-steps-per-epoch", type=int, default=None)
+    group.add_argument(
+        "--performance",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="performance options, e.g. '{\"channels_last\": false}' (see README)",
+    )
+
+
+def _json_object(text: str) -> dict[str, object]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def spec_from_args(args: argparse.Namespace) -> dict[str, object]:
@@ -49,6 +67,8 @@ def spec_from_args(args: argparse.Namespace) -> dict[str, object]:
         spec["name"] = args.name
     if args.max_steps_per_epoch is not None:
         spec["max_steps_per_epoch"] = args.max_steps_per_epoch
+    if args.performance is not None:
+        spec["performance"] = args.performance
     return spec
 
 

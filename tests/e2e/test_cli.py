@@ -49,6 +49,32 @@ def test_submit_rejects_a_bad_spec_naming_the_field(cluster: LocalCluster) -> No
     done = ddpo(cluster, "submit", "--processes", "0")
     assert done.returncode != 0
     assert "topology.num_processes" in done.stderr
+    done = ddpo(cluster, "submit", "--performance", '{"channels_last": "sideways"}')
+    assert done.returncode != 0
+    assert "performance.channels_last" in done.stderr
+
+
+def test_submit_carries_the_whole_spec(cluster: LocalCluster, jobs: Jobs) -> None:
+    done = ddpo(
+        cluster,
+        "submit",
+        "--json",
+        "--name=spec-check",
+        "--processes=2",
+        "--batch-size=64",
+        "--epochs=2",
+        "--lr=0.25",
+        "--seed=7",
+        "--max-steps-per-epoch=3",
+        '--performance={"channels_last": false, "same_host_allreduce": "gloo"}',
+    )
+    assert done.returncode == 0, done.stderr
+    spec = json.loads(done.stdout)["spec"]
+    assert spec["topology"] == {"num_machines": 1, "num_processes": 2}
+    assert (spec["batch_size"], spec["epochs"], spec["lr"], spec["seed"]) == (64, 2, 0.25, 7)
+    assert spec["performance"]["channels_last"] is False
+    assert spec["performance"]["same_host_allreduce"] == "gloo"
+    assert jobs.wait_done(json.loads(done.stdout)["id"])["status"] == "succeeded"
 
 
 def test_logs_of_a_finished_job_are_rank_0s_lines(cluster: LocalCluster, jobs: Jobs) -> None:
