@@ -29,6 +29,13 @@ class ServerSettings(BaseSettings):
     artifacts_dir: Path = Field(Path("./artifacts"), description="Uploaded checkpoints")
     max_checkpoint_mb: int = Field(2048, ge=1, description="Largest checkpoint accepted")
     log_level: str = "info"
+    nice: int = Field(
+        0,
+        ge=0,
+        le=19,
+        description="Lower the server's CPU priority by this much (ddpo local-cluster uses "
+        "10: on a host that also trains, the orchestrator yields the cores to the training)",
+    )
     access_log: bool = Field(
         False,
         description="Log every request (off by default: at dashboard polling rates the "

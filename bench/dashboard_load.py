@@ -29,7 +29,7 @@ import psutil
 
 from api.schemas import JobSpec
 from bench._runs import Run, alternate, bench_parser, run_orchestrated
-from cli.cluster import LocalCluster
+from cli.cluster import SERVER_NICE, LocalCluster
 
 DASHBOARDS = 50
 ALONE = "alone"
@@ -122,9 +122,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--server-nice",
         type=int,
-        default=0,
-        help="run the server at this nice value (an experiment: the server yielding the "
-        "cores to the training it shares a host with)",
+        default=None,
+        help="the server's nice value (default: local clusters' own, "
+        f"{SERVER_NICE}; 0 to compare with the server at the training's priority)",
     )
     args = parser.parse_args(argv)
     spec = JobSpec()
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         ):
             assert cluster.server is not None
             server = psutil.Process(cluster.server.process.pid)
-            if args.server_nice:
+            if args.server_nice is not None:
                 server.nice(args.server_nice)
 
             def quiet() -> Run:

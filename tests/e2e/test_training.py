@@ -8,9 +8,10 @@ import time
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
-from cli.cluster import LocalCluster
+from cli.cluster import SERVER_NICE, LocalCluster
 from tests.e2e.conftest import (
     SMOKE_STEPS,
     Jobs,
@@ -181,3 +182,11 @@ def test_nodes_show_what_they_run(jobs: Jobs, cluster: LocalCluster) -> None:
         nodes = client.get("/nodes").json()
     assert sorted(n["name"] for n in nodes) == ["node-0", "node-1"]
     assert all(n["state"] == "live" and "crash" in n["trainers"] for n in nodes)
+
+
+def test_a_local_clusters_server_yields_the_cores_to_training(cluster: LocalCluster) -> None:
+    assert cluster.server is not None
+    server = psutil.Process(cluster.server.process.pid)
+    assert server.nice() == SERVER_NICE
+    workers = [psutil.Process(w.process.pid) for w in cluster.worker_processes]
+    assert all(w.nice() == 0 for w in workers)  # the training keeps its priority
