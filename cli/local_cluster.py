@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"starting a server and {workers} worker(s) in {args.state_dir} ...", flush=True)
     started = time.monotonic()
     with cluster:
-        print(f"server at {cluster.url} (logs: {cluster.state_dir})", flush=True)
+        print(f"server at {cluster.url}, dashboard at {cluster.url}/ui/jobs", flush=True)
+        print(f"database, logs and run directories in {cluster.state_dir}", flush=True)
         with httpx.Client(base_url=cluster.url, timeout=30) as client:
             if args.study:
                 study = run_study(client, study_request(args))
