@@ -43,8 +43,6 @@ class ReadCache:
             Hashable, tuple[tuple[type, ...], tuple[int, ...], float, bytes, Any]
         ] = OrderedDict()
         self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
 
     def peek(self, key: Hashable) -> tuple[bytes, Any] | None:
         """The answer and its route, if one is cached and still fresh."""
@@ -56,7 +54,6 @@ class ReadCache:
                 or time.monotonic() - entry[2] >= self.ttl_s
             ):
                 return None
-            self.hits += 1
             return entry[3], entry[4]
 
     def get(
@@ -73,11 +70,9 @@ class ReadCache:
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None and entry[1] == writes and now - entry[2] < self.ttl_s:
-                self.hits += 1
                 return entry[3]
         body = compute()  # an exception (404, ...) is not cached
         with self._lock:
-            self.misses += 1
             self._entries[key] = (tables, writes, now, body, route)
             self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:

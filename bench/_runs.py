@@ -10,8 +10,9 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from api.schemas import Assignment, JobPublic, JobSpec
+from cli.cluster import LocalCluster
 from worker import runfiles
 
 
@@ -96,6 +98,17 @@ def run_direct(spec: JobSpec, data_dir: Path, work: Path) -> Run:
     result = runfiles.read_result(run_dir)
     assert result is not None
     return Run("direct", wall, result.train_seconds, result.test_accuracy)
+
+
+@contextlib.contextmanager
+def local_cluster(data_dir: Path) -> Iterator[tuple[LocalCluster, httpx.Client]]:
+    """A server and one worker in a temporary directory, and a client of it."""
+    with (
+        tempfile.TemporaryDirectory(prefix="ddpo-bench-") as tmp,
+        LocalCluster(state_dir=Path(tmp), data_dir=data_dir, workers=1) as cluster,
+        httpx.Client(base_url=cluster.url, timeout=30) as client,
+    ):
+        yield cluster, client
 
 
 def run_orchestrated(

@@ -18,18 +18,15 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import httpx
 import psutil
 
 from api.schemas import JobSpec
-from bench._runs import Run, alternate, bench_parser, run_orchestrated
-from cli.cluster import SERVER_NICE, LocalCluster
+from bench._runs import Run, alternate, bench_parser, local_cluster, run_orchestrated
+from cli.cluster import SERVER_NICE
 
 DASHBOARDS = 50
 ALONE = "alone"
@@ -130,41 +127,37 @@ def main(argv: list[str] | None = None) -> None:
     spec = JobSpec()
     loads: dict[str, list[tuple[Load, float, float]]] = {POLLING: [], PAGES: []}
     alone_cpu: list[float] = []
-    with tempfile.TemporaryDirectory(prefix="ddpo-bench-") as tmp:
-        with (
-            LocalCluster(state_dir=Path(tmp), data_dir=args.data_dir, workers=1) as cluster,
-            httpx.Client(base_url=cluster.url, timeout=30) as client,
-        ):
-            assert cluster.server is not None
-            server = psutil.Process(cluster.server.process.pid)
-            if args.server_nice is not None:
-                server.nice(args.server_nice)
+    with local_cluster(args.data_dir) as (cluster, client):
+        assert cluster.server is not None
+        server = psutil.Process(cluster.server.process.pid)
+        if args.server_nice is not None:
+            server.nice(args.server_nice)
 
-            def quiet() -> Run:
-                before = server.cpu_times()
-                run = run_orchestrated(spec, client, ALONE)
-                after = server.cpu_times()
-                alone_cpu.append((after.user + after.system) - (before.user + before.system))
-                return run
+        def quiet() -> Run:
+            before = server.cpu_times()
+            run = run_orchestrated(spec, client, ALONE)
+            after = server.cpu_times()
+            alone_cpu.append((after.user + after.system) - (before.user + before.system))
+            return run
 
-            def watched(way: str) -> Run:
-                opened: list[Dashboards] = []
+        def watched(way: str) -> Run:
+            opened: list[Dashboards] = []
 
-                def watch(job_id: int) -> Dashboards:
-                    opened.append(Dashboards(cluster.port, job_id, full_page=way == PAGES))
-                    return opened[-1]
+            def watch(job_id: int) -> Dashboards:
+                opened.append(Dashboards(cluster.port, job_id, full_page=way == PAGES))
+                return opened[-1]
 
-                before = server.cpu_times()
-                run = run_orchestrated(spec, client, way, watch=watch)
-                after = server.cpu_times()
-                server_cpu = (after.user + after.system) - (before.user + before.system)
-                loads[way].append((opened[0].load, opened[0].cpu_s, server_cpu))
-                return run
+            before = server.cpu_times()
+            run = run_orchestrated(spec, client, way, watch=watch)
+            after = server.cpu_times()
+            server_cpu = (after.user + after.system) - (before.user + before.system)
+            loads[way].append((opened[0].load, opened[0].cpu_s, server_cpu))
+            return run
 
-            runs = alternate(
-                args.rounds,
-                {ALONE: quiet, POLLING: lambda: watched(POLLING), PAGES: lambda: watched(PAGES)},
-            )
+        runs = alternate(
+            args.rounds,
+            {ALONE: quiet, POLLING: lambda: watched(POLLING), PAGES: lambda: watched(PAGES)},
+        )
 
     def mean(way: str, training: bool) -> float:
         return statistics.mean(

@@ -12,11 +12,15 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import httpx
-
 from api.schemas import JobSpec
-from bench._runs import alternate, bench_parser, mean_wall, run_direct, run_orchestrated
-from cli.cluster import LocalCluster
+from bench._runs import (
+    alternate,
+    bench_parser,
+    local_cluster,
+    mean_wall,
+    run_direct,
+    run_orchestrated,
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,19 +31,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     spec = JobSpec(epochs=args.epochs, max_steps_per_epoch=args.max_steps_per_epoch)
 
-    with tempfile.TemporaryDirectory(prefix="ddpo-bench-") as tmp:
-        work = Path(tmp)
-        with (
-            LocalCluster(state_dir=work / "cluster", data_dir=args.data_dir, workers=1) as cluster,
-            httpx.Client(base_url=cluster.url, timeout=30) as client,
-        ):
-            runs = alternate(
-                args.rounds,
-                {
-                    "direct": lambda: run_direct(spec, args.data_dir, work),
-                    "orchestrated": lambda: run_orchestrated(spec, client),
-                },
-            )
+    with (
+        tempfile.TemporaryDirectory(prefix="ddpo-bench-") as tmp,
+        local_cluster(args.data_dir) as (_, client),
+    ):
+        runs = alternate(
+            args.rounds,
+            {
+                "direct": lambda: run_direct(spec, args.data_dir, Path(tmp)),
+                "orchestrated": lambda: run_orchestrated(spec, client),
+            },
+        )
 
     direct, orchestrated = mean_wall(runs, "direct"), mean_wall(runs, "orchestrated")
     print(f"\nspec: {spec.model_dump_json()}")

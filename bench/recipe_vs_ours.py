@@ -11,14 +11,16 @@ Prints each run, both mean times and the ratio ours / recipe.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
-import httpx
-
 from api.schemas import JobSpec, Topology
-from bench._runs import alternate, bench_parser, mean_train, mean_wall, run_orchestrated, run_recipe
-from cli.cluster import LocalCluster
+from bench._runs import (
+    alternate,
+    bench_parser,
+    local_cluster,
+    mean_train,
+    mean_wall,
+    run_orchestrated,
+    run_recipe,
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,23 +36,19 @@ def main(argv: list[str] | None = None) -> None:
         epochs=args.epochs,
     )
 
-    with tempfile.TemporaryDirectory(prefix="ddpo-bench-") as tmp:
-        with (
-            LocalCluster(state_dir=Path(tmp), data_dir=args.data_dir, workers=1) as cluster,
-            httpx.Client(base_url=cluster.url, timeout=30) as client,
-        ):
-            runs = alternate(
-                args.rounds,
-                {
-                    "recipe": lambda: run_recipe(
-                        args.data_dir,
-                        processes=args.processes,
-                        batch_size=args.batch_size,
-                        epochs=args.epochs,
-                    ),
-                    "ours": lambda: run_orchestrated(spec, client, way="ours"),
-                },
-            )
+    with local_cluster(args.data_dir) as (_, client):
+        runs = alternate(
+            args.rounds,
+            {
+                "recipe": lambda: run_recipe(
+                    args.data_dir,
+                    processes=args.processes,
+                    batch_size=args.batch_size,
+                    epochs=args.epochs,
+                ),
+                "ours": lambda: run_orchestrated(spec, client, way="ours"),
+            },
+        )
 
     recipe, ours = mean_wall(runs, "recipe"), mean_wall(runs, "ours")
     print(

@@ -10,15 +10,10 @@ from __future__ import annotations
 
 import os
 import statistics
-import tempfile
-from pathlib import Path
-
-import httpx
 
 from api.schemas import StudyPublic
-from bench._runs import bench_parser
+from bench._runs import bench_parser, local_cluster
 from cli import render
-from cli.cluster import LocalCluster
 from cli.studies import run_study
 
 
@@ -28,17 +23,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=1)
     args = parser.parse_args(argv)
     studies: list[StudyPublic] = []
-    with tempfile.TemporaryDirectory(prefix="ddpo-bench-") as tmp:
-        with (
-            LocalCluster(state_dir=Path(tmp), data_dir=args.data_dir, workers=1) as cluster,
-            httpx.Client(base_url=cluster.url, timeout=30) as client,
-        ):
-            for _ in range(args.rounds):
-                study = run_study(
-                    client, {"spec": {"epochs": args.epochs}}, out=open(os.devnull, "w")
-                )
-                print(render.study_table(study), flush=True)
-                studies.append(study)
+    with local_cluster(args.data_dir) as (_, client), open(os.devnull, "w") as quiet:
+        for _ in range(args.rounds):
+            study = run_study(client, {"spec": {"epochs": args.epochs}}, out=quiet)
+            print(render.study_table(study), flush=True)
+            studies.append(study)
 
     print(f"\nmean of {len(studies)} round(s):")
     print(

@@ -11,14 +11,17 @@ is rank 0's training loop.
 from __future__ import annotations
 
 import statistics
-import tempfile
-from pathlib import Path
-
-import httpx
 
 from api.schemas import JobSpec, Performance, Topology
-from bench._runs import Run, alternate, bench_parser, mean_train, mean_wall, run_orchestrated
-from cli.cluster import LocalCluster
+from bench._runs import (
+    Run,
+    alternate,
+    bench_parser,
+    local_cluster,
+    mean_train,
+    mean_wall,
+    run_orchestrated,
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,18 +40,14 @@ def main(argv: list[str] | None = None) -> None:
         batch_size=64,
         performance=Performance(same_host_allreduce=args.allreduce),
     )
-    with tempfile.TemporaryDirectory(prefix="ddpo-bench-") as tmp:
-        with (
-            LocalCluster(state_dir=Path(tmp), data_dir=args.data_dir, workers=1) as cluster,
-            httpx.Client(base_url=cluster.url, timeout=30) as client,
-        ):
-            runs = alternate(
-                args.rounds,
-                {
-                    "1 x 1": lambda: run_orchestrated(one, client, "1 x 1"),
-                    "1 x 2": lambda: run_orchestrated(two, client, "1 x 2"),
-                },
-            )
+    with local_cluster(args.data_dir) as (_, client):
+        runs = alternate(
+            args.rounds,
+            {
+                "1 x 1": lambda: run_orchestrated(one, client, "1 x 1"),
+                "1 x 2": lambda: run_orchestrated(two, client, "1 x 2"),
+            },
+        )
 
     def ratios(value: str) -> list[float]:
         firsts = [r for r in runs if r.way == "1 x 1"]
