@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
         "--heartbeat-timeout",
         type=float,
         dest="heartbeat_timeout_s",
-        help="seconds of silence before a node is lost [DDPO_HEARTBEAT_TIMEOUT_S, default 10]",
+        help="seconds of silence before a node is lost [DDPO_HEARTBEAT_TIMEOUT_S, default 6]",
     )
     parser.add_argument("--log-level", help="[DDPO_LOG_LEVEL, default info]")
     args = parser.parse_args(argv)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from fastapi import HTTPException
 from sqlmodel import Session
@@ -20,7 +21,9 @@ from api.lifecycle import (
     JobStatus,
     NodeState,
     PartStatus,
+    backoff_seconds,
     can_cancel,
+    is_retryable,
     move_job,
     move_part,
     settle_job,
@@ -59,15 +62,29 @@ class Coordinator:
 
     # --- jobs -----------------------------------------------------------------
 
-    def submit_job(self, spec: JobSpec) -> int:
+    def submit_job(self, spec: JobSpec, idempotency_key: str | None = None) -> tuple[int, bool]:
+        """The job's id, and whether it is new: a key seen before returns its
+        job (the same spec) rather than a second one."""
+        stored = spec.model_dump(mode="json")
         with self.db.write() as session:
+            if idempotency_key is not None:
+                existing = queries.get_job_by_idempotency_key(session=session, key=idempotency_key)
+                if existing is not None:
+                    assert existing.id is not None
+                    if existing.spec != stored:
+                        raise HTTPException(
+                            409,
+                            f"Idempotency-Key {idempotency_key!r} was used for job "
+                            f"{existing.id} with a different spec",
+                        )
+                    return existing.id, False
             job = queries.insert_job(
-                session=session, spec=spec.model_dump(mode="json"), name=spec.name
+                session=session, spec=stored, name=spec.name, idempotency_key=idempotency_key
             )
             self._schedule(session)
             assert job.id is not None
             log.info("job %d submitted: %s", job.id, spec.model_dump_json())
-            return job.id
+            return job.id, True
 
     def cancel_job(self, job_id: int) -> None:
         with self.db.write() as session:
@@ -75,7 +92,7 @@ class Coordinator:
             status = JobStatus(job.status)
             if not can_cancel(status):
                 raise HTTPException(409, f"job {job_id} is already {status.value}")
-            _cancel(session, job, utcnow())
+            _cancel(session, job, utcnow(), self.settings)
 
     def submit_study(self, create: StudyCreate) -> int:
         """The study and all its jobs, queued at once; they run in row order."""
@@ -111,7 +128,7 @@ class Coordinator:
             now = utcnow()
             for job in queries.jobs_of_studies(session=session, study_ids=[study_id]):
                 if can_cancel(JobStatus(job.status)):
-                    _cancel(session, job, now)
+                    _cancel(session, job, now, self.settings)
 
     # --- nodes ----------------------------------------------------------------
 
@@ -137,7 +154,7 @@ class Coordinator:
             session.flush()
             assert node.id is not None
             orphaned = queries.active_parts_on_nodes(session=session, node_ids=[node.id])
-            _lose_parts(session, orphaned, {node.id: node}, "worker_restarted", now)
+            _lose_parts(session, orphaned, {node.id: node}, "worker_restarted", now, self.settings)
             self._schedule(session)
             log.info(
                 "node %d (%s) registered at %s with %d slot(s), %d GPU(s)",
@@ -217,9 +234,21 @@ class Coordinator:
                     node.last_heartbeat_at.isoformat(),
                 )
             parts = queries.active_parts_on_nodes(session=session, node_ids=nodes)
-            _lose_parts(session, parts, nodes, "node_lost", now)
+            _lose_parts(session, parts, nodes, "node_lost", now, self.settings)
             self._schedule(session)
             return True
+
+    def tick(self) -> bool:
+        """The server's clock: lost nodes, deadlines, retries whose backoff
+        has passed. True if anything changed (nodes should hear of it)."""
+        lost = self.sweep_lost_nodes()
+        now = utcnow()
+        with self.db.write() as session:
+            late = queries.jobs_past_deadline(session=session, now=now)
+            for job in late:
+                _fail_at_deadline(session, job, now)
+            placed = self._schedule(session)
+        return lost or bool(late) or placed
 
     # --- part reports ---------------------------------------------------------
 
@@ -403,12 +432,15 @@ class Coordinator:
                 report.exit_code,
             )
             if job.current_attempt_id != part.attempt_id:
+                # An older attempt's part: its slot is free now, which a
+                # waiting retry may need.
+                self._schedule(session)
                 return False
-            if report.result is not None:
+            if report.result is not None and job.status == JobStatus.RUNNING.value:
                 job.result = report.result.model_dump(mode="json")
-            if report.status == PartStatus.FAILED.value and _may_explain(job, report.reason):
+            if report.status == PartStatus.FAILED.value:
                 node = queries.get_node(session=session, node_id=part.node_id)
-                job.error = JobError(
+                error = JobError(
                     reason=report.reason or "rank_failed",
                     message=report.message
                     or f"machine {part.machine_id} failed with exit code {report.exit_code}",
@@ -418,18 +450,27 @@ class Coordinator:
                     exit_code=report.exit_code,
                     traceback_tail=report.traceback_tail,
                 ).model_dump(mode="json")
-            _settle(session, job, now)
+                if job.status == JobStatus.QUEUED.value:
+                    _explain_given_up_attempt(session, job, part.attempt_id, error, now)
+                elif _may_explain(job, report.reason):
+                    job.error = error
+            _settle(session, job, now, self.settings)
             self._schedule(session)
             return True
 
     # --- placement ------------------------------------------------------------
 
-    def _schedule(self, session: Session) -> None:
+    def _schedule(self, session: Session) -> bool:
         """Start every queued job that can start now, each on all its machines
-        in this one transaction."""
-        queue = queries.queued_jobs(session=session)
+        in this one transaction. True if any started."""
+        now = utcnow()
+        queue = [
+            j
+            for j in queries.queued_jobs(session=session)
+            if j.not_before is None or j.not_before <= now
+        ]
         if not queue:
-            return
+            return False
         nodes = {n.id: n for n in queries.live_nodes(session=session) if n.id is not None}
         busy = queries.active_part_counts(session=session)
         capacity = [
@@ -452,13 +493,15 @@ class Coordinator:
         decisions = plan(
             [(job_id, JobSpec.model_validate(j.spec)) for job_id, j in jobs.items()], capacity
         )
-        now = utcnow()
+        placed = False
         for job_id, decision in decisions.items():
             job = jobs[job_id]
             if isinstance(decision, Pending):
                 job.pending_reason = decision.reason
             elif isinstance(decision, Placement):
                 self._start(session, job, [nodes[i] for i in decision.node_ids], now)
+                placed = True
+        return placed
 
     def _start(self, session: Session, job: Job, nodes: list[Node], now: datetime) -> None:
         assert job.id is not None
@@ -467,6 +510,12 @@ class Coordinator:
             session=session, job_id=job.id, number=job.attempt_count, master_addr=nodes[0].address
         )
         assert attempt.id is not None
+        # A retry continues from the last whole checkpoint (one of an earlier
+        # attempt: the first has none).
+        attempt.resumed_from_epoch = job.checkpoint_epoch
+        spec = JobSpec.model_validate(job.spec)
+        if job.deadline_at is None and spec.max_run_seconds is not None:
+            job.deadline_at = now + timedelta(seconds=spec.max_run_seconds)
         for machine_id, node in enumerate(nodes):
             assert node.id is not None
             queries.insert_part(
@@ -478,6 +527,7 @@ class Coordinator:
             )
         job.current_attempt_id = attempt.id
         job.progress_seq = None
+        job.not_before = None
         _set_job_status(session, job, JobStatus.RUNNING, now)
         log.info(
             "job %d attempt %d placed on %s",
@@ -490,14 +540,14 @@ class Coordinator:
 # --- steps shared by the methods above ----------------------------------------
 
 
-def _cancel(session: Session, job: Job, now: datetime) -> None:
+def _cancel(session: Session, job: Job, now: datetime, settings: ServerSettings) -> None:
     status = JobStatus(job.status)
     if status is JobStatus.QUEUED:
         _set_job_status(session, job, JobStatus.CANCELLED, now)
     elif status is JobStatus.RUNNING:
         _set_job_status(session, job, JobStatus.CANCELLING, now)
         _stop_active_parts(session, job)
-        _settle(session, job, now)
+        _settle(session, job, now, settings)
     log.info("job %d: cancel requested (was %s)", job.id, status.value)
 
 
@@ -518,8 +568,14 @@ def _owned_part(session: Session, part_id: int, node_id: int) -> Part:
 
 
 def _is_current(session: Session, part: Part) -> bool:
+    """Whether the part belongs to the attempt its job is running now: the
+    fence every report from a node passes."""
     job = queries.get_job(session=session, job_id=part.job_id)
-    return job is not None and job.current_attempt_id == part.attempt_id
+    return (
+        job is not None
+        and job.current_attempt_id == part.attempt_id
+        and job.status == JobStatus.RUNNING.value
+    )
 
 
 def _may_explain(job: Job, reason: str | None) -> bool:
@@ -543,11 +599,17 @@ def _assignment(session: Session, part: Part, attempt: Attempt) -> Assignment:
         spec=JobSpec.model_validate(job.spec),
         master_addr=attempt.master_addr,
         master_port=attempt.master_port,
+        resume_epoch=attempt.resumed_from_epoch,
     )
 
 
 def _lose_parts(
-    session: Session, parts: Iterable[Part], nodes: dict[int, Node], reason: str, now: datetime
+    session: Session,
+    parts: Iterable[Part],
+    nodes: dict[int, Node],
+    reason: str,
+    now: datetime,
+    settings: ServerSettings,
 ) -> None:
     what = "stopped heartbeating" if reason == "node_lost" else "restarted"
     for part in parts:
@@ -565,10 +627,10 @@ def _lose_parts(
                 machine_id=part.machine_id,
                 node=node.name,
             ).model_dump(mode="json")
-        _settle(session, job, now)
+        _settle(session, job, now, settings)
 
 
-def _settle(session: Session, job: Job, now: datetime) -> None:
+def _settle(session: Session, job: Job, now: datetime, settings: ServerSettings) -> None:
     if job.current_attempt_id is None:
         return
     parts = queries.parts_of_attempt(session=session, attempt_id=job.current_attempt_id)
@@ -576,27 +638,105 @@ def _settle(session: Session, job: Job, now: datetime) -> None:
     new = settle_job(current, (PartStatus(p.status) for p in parts))
     if new is current:
         return
-    _set_job_status(session, job, new, now)
     if new is JobStatus.FAILED:
         if job.error is None:
             job.error = JobError(
                 reason="part_stopped", message="a part stopped without being asked to"
             ).model_dump(mode="json")
         _stop_active_parts(session, job)
+        if _restarts_left(job, now):
+            _requeue(session, job, now, settings)
+            return
+    _set_job_status(session, job, new, now)
+
+
+def _restarts_left(job: Job, now: datetime) -> bool:
+    """Whether this failed attempt may be followed by another."""
+    spec = JobSpec.model_validate(job.spec)
+    error = JobError.model_validate(job.error) if job.error else None
+    return (
+        error is not None
+        and is_retryable(error.reason, error.exit_code)
+        and job.attempt_count - 1 < spec.max_restarts
+        and (job.deadline_at is None or job.deadline_at > now)
+    )
+
+
+def _requeue(session: Session, job: Job, now: datetime, settings: ServerSettings) -> None:
+    """Give up the current attempt and queue the job for a new one, after a
+    backoff. The old attempt's parts are being stopped: they hold their
+    nodes' slots until their nodes confirm, so the new attempt cannot start
+    beside a stale one."""
+    spec = JobSpec.model_validate(job.spec)
+    restarts_done = job.attempt_count - 1
+    wait = backoff_seconds(restarts_done, settings.retry_backoff_s, settings.retry_backoff_max_s)
+    error = job.error or {}
+    attempt = queries.get_attempt(session=session, attempt_id=job.current_attempt_id or 0)
+    if attempt is not None:
+        attempt.error = job.error
+        attempt.finished_at = now
+    job.status = move_job(JobStatus(job.status), JobStatus.QUEUED).value
+    job.not_before = now + timedelta(seconds=wait)
+    job.pending_reason = (
+        f"restart {restarts_done + 1} of {spec.max_restarts} after {error.get('reason')}"
+        + (
+            f", from the checkpoint of epoch {job.checkpoint_epoch}"
+            if job.checkpoint_epoch is not None
+            else ", from the start (no checkpoint yet)"
+        )
+    )
+    job.error = None
+    log.warning(
+        "job %d attempt %d failed (%s): %s",
+        job.id,
+        job.attempt_count,
+        error.get("reason"),
+        job.pending_reason,
+    )
+
+
+def _explain_given_up_attempt(
+    session: Session, job: Job, attempt_id: int, error: dict[str, Any], now: datetime
+) -> None:
+    """A report that arrives after its attempt was given up for a retry. The
+    retry was decided on the first failure heard of; if that only said a
+    peer went away and this one names the cause, the cause is kept, and a
+    cause that a retry cannot fix (the training code raised) ends the job."""
+    attempt = queries.get_attempt(session=session, attempt_id=attempt_id)
+    if attempt is None or attempt.error is None:
+        return
+    if attempt.error.get("reason") != "peer_failure" or error["reason"] == "peer_failure":
+        return
+    attempt.error = error
+    if not is_retryable(error["reason"], error.get("exit_code")):
+        job.error = error
+        _set_job_status(session, job, JobStatus.FAILED, now)
+
+
+def _fail_at_deadline(session: Session, job: Job, now: datetime) -> None:
+    spec = JobSpec.model_validate(job.spec)
+    job.error = JobError(
+        reason="deadline",
+        message=f"still {job.status} after max_run_seconds={spec.max_run_seconds:g}",
+    ).model_dump(mode="json")
+    _stop_active_parts(session, job)
+    _set_job_status(session, job, JobStatus.FAILED, now)
 
 
 def _set_job_status(session: Session, job: Job, new: JobStatus, now: datetime) -> None:
     job.status = move_job(JobStatus(job.status), new).value
     if new is JobStatus.RUNNING:
-        job.started_at = now
+        job.started_at = job.started_at or now  # the first start: retries do not reset it
         job.pending_reason = None
     if new.is_terminal():
         job.finished_at = now
         job.pending_reason = None
+        job.not_before = None
         if job.current_attempt_id is not None:
             attempt = queries.get_attempt(session=session, attempt_id=job.current_attempt_id)
             if attempt is not None and attempt.finished_at is None:
                 attempt.finished_at = now
+                attempt.error = job.error if new is JobStatus.FAILED else None
     log.info("job %d: %s", job.id, new.value)
 
 

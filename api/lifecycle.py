@@ -17,7 +17,9 @@ class JobStatus(str, Enum):
 
     ``queued -> running -> succeeded | failed``; ``running -> cancelling ->
     cancelled`` while the ranks are being stopped; ``queued -> cancelled``.
-    Terminal states are terminal.
+    A retryable failure with restarts left goes ``running -> queued`` (a new
+    attempt starts later); a job waiting to retry that runs out of time goes
+    ``queued -> failed``. Terminal states are terminal.
     """
 
     QUEUED = "queued"
@@ -66,8 +68,10 @@ _TERMINAL_PART = frozenset(
 )
 
 JOB_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.CANCELLED}),
-    JobStatus.RUNNING: frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLING}),
+    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.CANCELLED, JobStatus.FAILED}),
+    JobStatus.RUNNING: frozenset(
+        {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLING, JobStatus.QUEUED}
+    ),
     JobStatus.CANCELLING: frozenset({JobStatus.CANCELLED}),
     JobStatus.SUCCEEDED: frozenset(),
     JobStatus.FAILED: frozenset(),
@@ -135,6 +139,37 @@ def settle_job(current: JobStatus, parts: Iterable[PartStatus]) -> JobStatus:
     if current is JobStatus.CANCELLING and all(s.is_terminal() for s in statuses):
         return JobStatus.CANCELLED
     return current
+
+
+# Failures of the machinery rather than of the training: running the same
+# code again, elsewhere or a moment later, may well succeed.
+RETRYABLE_REASONS = frozenset(
+    {
+        "node_lost",  # the node stopped heartbeating
+        "worker_restarted",  # its daemon came back without its processes
+        "worker_shutdown",  # its daemon was stopped while the part ran
+        "launcher_died",  # the process holding the ranks was killed
+        "launch_failed",  # could not start processes (resources, a port)
+        "rendezvous_failed",  # peers could not meet (a port taken, a slow peer)
+        "peer_failure",  # a collective broke because another process went away
+        "part_stopped",  # a part ended without being asked to and without a reason
+    }
+)
+
+
+def is_retryable(reason: str, exit_code: int | None) -> bool:
+    """Whether a failure may go away on a new attempt. A rank killed by a
+    signal (the OOM killer, an operator's ``kill -9``) is; a rank whose code
+    raised or exited non-zero is not: it would do it again."""
+    if reason == "rank_exited":
+        return exit_code is not None and exit_code < 0
+    return reason in RETRYABLE_REASONS
+
+
+def backoff_seconds(restarts_done: int, base_s: float, cap_s: float) -> float:
+    """Wait before restart ``restarts_done + 1``: doubling from ``base_s``, at
+    most ``cap_s``."""
+    return min(cap_s, base_s * 2.0**restarts_done)
 
 
 def study_status(jobs: Iterable[JobStatus]) -> JobStatus:

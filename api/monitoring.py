@@ -60,6 +60,11 @@ def make_registry(db: Database) -> tuple[CollectorRegistry, Histogram]:
     return registry, latency
 
 
+def route_template(route: object) -> str:
+    """The latency label: ``/jobs/{job_id}``, not ``/jobs/7``."""
+    return getattr(route, "path", None) or "unmatched"
+
+
 class LatencyMiddleware:
     """Times each HTTP request to the start of its response (a streamed
     response's length is not latency), labelled with the route's template
@@ -77,11 +82,9 @@ class LatencyMiddleware:
 
         async def timed_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                route = scope.get("route")
-                template = getattr(route, "path", None) or "unmatched"
-                self.latency.labels(scope["method"], template, str(message["status"])).observe(
-                    time.perf_counter() - started
-                )
+                self.latency.labels(
+                    scope["method"], route_template(scope.get("route")), str(message["status"])
+                ).observe(time.perf_counter() - started)
             await send(message)
 
         await self.app(scope, receive, timed_send)

@@ -114,6 +114,22 @@ class JobSpec(_Strict):
         None, ge=1, le=10_000_000, description="Cut each epoch short (smoke runs)"
     )
     performance: Performance = Field(default_factory=Performance)
+    max_restarts: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="New attempts after a retryable failure (a lost node, a rank killed by a "
+        "signal, rendezvous trouble), each resuming from the last whole checkpoint; failures "
+        "of the training code itself are never retried (like torchrun's --max-restarts)",
+    )
+    max_run_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=366 * 24 * 3600,
+        allow_inf_nan=False,
+        description="Fail the job with reason `deadline`, without retry, once this long has "
+        "passed since its first start",
+    )
 
 
 # --- progress, results, errors ------------------------------------------------
@@ -204,6 +220,14 @@ class CheckpointPublic(BaseModel):
     url: str = Field(description="GET it: a torch.save'd dict; its 'model' is the state_dict")
 
 
+class AttemptPublic(BaseModel):
+    number: int
+    started_at: datetime
+    finished_at: datetime | None = None
+    resumed_from_epoch: int | None = Field(None, description="The checkpoint it started from")
+    error: JobError | None = Field(None, description="Why it ended, if it failed")
+
+
 class JobPublic(BaseModel):
     id: int
     name: str | None
@@ -212,6 +236,9 @@ class JobPublic(BaseModel):
     spec: JobSpec
     world_size: int
     attempt: int = Field(description="Attempt number, 0 before the first start")
+    attempts: list[AttemptPublic] = Field(
+        default_factory=list, description="Every attempt so far, oldest first"
+    )
     master_addr: str | None = None
     master_port: int | None = None
     parts: list[PartPublic]
@@ -367,6 +394,11 @@ class Assignment(BaseModel):
         None,
         description="Known once machine 0's launcher has bound the rendezvous store; "
         "until then it arrives later, in a poll's `rendezvous`",
+    )
+    resume_epoch: int | None = Field(
+        None,
+        description="A retry: continue after this epoch, from the checkpoint at "
+        "GET /jobs/{job_id}/model",
     )
 
     @property

@@ -19,13 +19,20 @@ class ServerSettings(BaseSettings):
         description="SQLAlchemy URL; a SQLite file in the working directory by default",
     )
     heartbeat_timeout_s: float = Field(
-        10.0, gt=0, description="A node silent this long is marked lost"
+        6.0,
+        gt=0,
+        description="A node silent this long is marked lost (workers poll at least every "
+        "DDPO_POLL_WAIT_S, 2 s by default)",
     )
     poll_wait_s: float = Field(
         2.0, ge=0, description="Longest a worker's poll is held open waiting for news"
     )
     sweep_interval_s: float = Field(1.0, gt=0, description="How often lost nodes are looked for")
     max_page_size: int = Field(500, ge=1)
+    retry_backoff_s: float = Field(
+        1.0, ge=0, description="Wait before a job's first restart; doubles with each one"
+    )
+    retry_backoff_max_s: float = Field(60.0, ge=0, description="Longest wait between attempts")
     artifacts_dir: Path = Field(Path("./artifacts"), description="Uploaded checkpoints")
     max_checkpoint_mb: int = Field(2048, ge=1, description="Largest checkpoint accepted")
     log_level: str = "info"

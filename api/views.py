@@ -11,6 +11,7 @@ from sqlmodel import Session
 
 from api.lifecycle import JobStatus, study_status
 from api.schemas import (
+    AttemptPublic,
     CheckpointPublic,
     JobError,
     JobPublic,
@@ -61,11 +62,16 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
 
 
 def job_public(
-    job: Job, attempt: Attempt | None, parts: list[tuple[Part, Node]], now: datetime
+    job: Job,
+    attempts: list[Attempt],
+    parts: list[tuple[Part, Node]],
+    now: datetime,
 ) -> JobPublic:
+    """``attempts``: all of the job's, oldest first; ``parts``: the current one's."""
     assert job.id is not None
     spec = JobSpec.model_validate(job.spec)
     status = JobStatus(job.status)
+    attempt = next((a for a in attempts if a.id == job.current_attempt_id), None)
     result = TrainResult.model_validate(job.result) if job.result else None
 
     progress = None
@@ -113,6 +119,16 @@ def job_public(
         spec=spec,
         world_size=spec.topology.world_size,
         attempt=attempt.number if attempt else 0,
+        attempts=[
+            AttemptPublic(
+                number=a.number,
+                started_at=a.created_at,
+                finished_at=a.finished_at,
+                resumed_from_epoch=a.resumed_from_epoch,
+                error=JobError.model_validate(a.error) if a.error else None,
+            )
+            for a in attempts
+        ],
         master_addr=attempt.master_addr if attempt else None,
         master_port=attempt.master_port if attempt else None,
         parts=[
@@ -147,7 +163,11 @@ def job_public(
 
 def _public_jobs(db_session: Session, jobs: list[Job]) -> list[JobPublic]:
     attempt_ids = [j.current_attempt_id for j in jobs if j.current_attempt_id is not None]
-    attempts = queries.get_attempts(session=db_session, attempt_ids=attempt_ids)
+    attempts: dict[int, list[Attempt]] = defaultdict(list)
+    for attempt in queries.attempts_of_jobs(
+        session=db_session, job_ids=[j.id for j in jobs if j.id is not None]
+    ):
+        attempts[attempt.job_id].append(attempt)
     parts: dict[int, list[tuple[Part, Node]]] = defaultdict(list)
     for part, node in queries.parts_with_nodes(session=db_session, attempt_ids=attempt_ids):
         parts[part.attempt_id].append((part, node))
@@ -155,7 +175,7 @@ def _public_jobs(db_session: Session, jobs: list[Job]) -> list[JobPublic]:
     return [
         job_public(
             job,
-            attempts.get(job.current_attempt_id) if job.current_attempt_id else None,
+            attempts.get(job.id or 0, []),
             parts.get(job.current_attempt_id, []) if job.current_attempt_id else [],
             now,
         )

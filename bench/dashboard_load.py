@@ -7,16 +7,19 @@ through one local server and worker.
     python -m bench.dashboard_load --data-dir ../shared/data --rounds 3
 
 The dashboards are minimal keep-alive HTTP clients in a thread of this
-process at the lowest scheduling priority (they stand for browsers on other
-machines), so that on a machine whose cores all train, the figure shows the
-server's cost rather than the load generator's; their own CPU time is
-printed alongside.
+process under SCHED_IDLE (they stand for browsers on other machines), so
+that on a machine whose cores all train, the figure shows the server's cost
+rather than the load generator's; their own CPU time, and the rate of
+answers they got (the load the server really carried), are printed
+alongside.
 """
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 import os
+import selectors
+import socket
 import statistics
 import threading
 import time
@@ -24,12 +27,14 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from api.schemas import JobSpec
-from bench._runs import Run, alternate, bench_parser, local_cluster, run_orchestrated
+from api.schemas import JobSpec, MetricPoint, MetricsPublic
+from bench._runs import bench_parser, local_cluster, run_orchestrated
 from cli.cluster import SERVER_NICE
 
 DASHBOARDS = 50
-ALONE = "alone"
+# A span of training counts once the window it is in has been open this
+# long: the answers to the window before are out by then.
+SETTLE_S = 0.3
 POLLING = "50 polling /jobs/{id}"
 PAGES = "50 job pages"
 
@@ -41,81 +46,188 @@ class Load:
     latencies: list[float] = field(default_factory=list)
 
 
-async def _get(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str
-) -> tuple[int, bytes]:
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
-    await writer.drain()
-    head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1])
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":", 1)[1])
-    return status, await reader.readexactly(length)
+class _Page:
+    """One dashboard's keep-alive connection: a request when due, then its
+    answer read off the socket."""
 
+    def __init__(self, port: int, job_id: int, full_page: bool, first_due: float) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setblocking(False)
+        self.job_id = job_id
+        self.full_page = full_page
+        self.due = first_due
+        self.tick = 0
+        self.queue: list[bytes] = []  # requests of this tick not yet sent
+        self.sent_at = 0.0
+        self.buffer = b""
 
-async def _dashboard(
-    port: int, job_id: int, full_page: bool, stop: asyncio.Event, load: Load, delay: float
-) -> None:
-    await asyncio.sleep(delay)  # dashboards are opened at different moments
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    tick = 0
-    try:
-        while not stop.is_set():
-            started = time.perf_counter()
-            paths = [f"/jobs/{job_id}"]
-            if full_page and tick % 3 == 0:
-                paths += [f"/jobs/{job_id}/metrics?max_points=500", f"/jobs/{job_id}/logs?tail=100"]
-            for path in paths:
-                sent = time.perf_counter()
-                status, _ = await _get(reader, writer, path)
-                load.latencies.append(time.perf_counter() - sent)
-                load.requests += 1
-                load.errors += status != 200
-            tick += 1
-            await asyncio.sleep(max(0.0, 1.0 - (time.perf_counter() - started)))
-    finally:
-        writer.close()
+    def start_tick(self) -> None:
+        paths = [f"/jobs/{self.job_id}"]
+        if self.full_page and self.tick % 3 == 0:
+            paths += [
+                f"/jobs/{self.job_id}/metrics?max_points=500",
+                f"/jobs/{self.job_id}/logs?tail=100",
+            ]
+        self.queue = [f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode() for path in paths]
+        self.tick += 1
+        self.due += 1.0
+        self.send_next()
+
+    def send_next(self) -> None:
+        self.sent_at = time.perf_counter()
+        self.sock.sendall(self.queue.pop(0))
+
+    def read(self, load: Load) -> None:
+        """Whatever arrived; a complete answer is counted, then the tick's
+        next request goes out."""
+        self.buffer += self.sock.recv(1 << 20)
+        head_end = self.buffer.find(b"\r\n\r\n")
+        if head_end < 0:
+            return
+        head = self.buffer[:head_end]
+        length = int(head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+        if len(self.buffer) < head_end + 4 + length:
+            return
+        self.buffer = self.buffer[head_end + 4 + length :]
+        load.latencies.append(time.perf_counter() - self.sent_at)
+        load.requests += 1
+        load.errors += int(head.split(b" ", 2)[1]) != 200
+        if self.queue:
+            self.send_next()
 
 
 class Dashboards:
-    """50 dashboards on one job, in a thread of their own, until stopped."""
+    """50 dashboards on one job, in a thread of their own, until stopped,
+    polling in every other window of ``window_s`` seconds from ``origin``
+    and silent in between, keeping their connections open. Window 0 is left
+    out of the comparison (the training is warming up: its first spans are
+    slow whether watched or not), then odd windows poll and even ones are
+    quiet.
 
-    def __init__(self, port: int, job_id: int, full_page: bool) -> None:
-        self.full_page = full_page
+    They stand for browsers on other machines, so the thread is cheap (one
+    selector, no event loop) and runs under SCHED_IDLE: it gets the CPU only
+    when the training leaves it some, so what is measured is the server's
+    cost rather than the load generator's. Whether the load was still
+    delivered is checked from the count of answers (``rate``)."""
+
+    def __init__(self, port: int, job_id: int, full_page: bool, window_s: float) -> None:
         self.load = Load()
-        self._loop = asyncio.new_event_loop()
-        self._stop = asyncio.Event()
-        self._thread = threading.Thread(target=self._run, args=(port, job_id), daemon=True)
         self.cpu_s = 0.0
+        self.window_s = window_s
+        self.origin = 0.0
+        self._ended = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(port, job_id, full_page), daemon=True
+        )
 
-    def _run(self, port: int, job_id: int) -> None:
-        # The dashboards stand for browsers on other machines: at the lowest
-        # priority, their CPU comes from what the training leaves, so what is
-        # measured is the server's cost, not the load generator's.
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        asyncio.set_event_loop(self._loop)
-        started = time.thread_time()
-        tasks = [
-            _dashboard(port, job_id, self.full_page, self._stop, self.load, i / DASHBOARDS)
-            for i in range(DASHBOARDS)
+    def window(self, at: float) -> int:
+        """Which window a moment (``time.time()``) falls in: odd ones poll."""
+        return int((at - self.origin) // self.window_s)
+
+    def _run(self, port: int, job_id: int, full_page: bool) -> None:
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+        cpu_started = time.thread_time()
+        # Opened at different moments, as people open pages.
+        pages = [
+            _Page(port, job_id, full_page, self.origin + i / DASHBOARDS) for i in range(DASHBOARDS)
         ]
-        self._loop.run_until_complete(asyncio.gather(*tasks))
-        self.cpu_s = time.thread_time() - started
+        selector = selectors.DefaultSelector()
+        for page in pages:
+            selector.register(page.sock, selectors.EVENT_READ, page)
+        try:
+            while not self._stop.is_set():
+                now = time.time()
+                for page in pages:
+                    if page.due <= now and not page.queue:
+                        if self.window(now) % 2 == 1:
+                            page.start_tick()
+                        else:
+                            page.due += 1.0  # a silent window: skip this second
+                wait = max(0.0, min(page.due for page in pages) - time.time())
+                for key, _ in selector.select(min(wait, 0.1)):
+                    key.data.read(self.load)
+        finally:
+            selector.close()
+            for page in pages:
+                page.sock.close()
+            self.cpu_s = time.thread_time() - cpu_started
+
+    def rate(self) -> float:
+        """Answers a second while polling."""
+        polling = sum(
+            max(0.0, min(self._ended, start + self.window_s) - start)
+            for start in (
+                self.origin + k * self.window_s for k in range(0, self.window(self._ended) + 1, 2)
+            )
+        )
+        return self.load.requests / max(polling, 1e-9)
 
     def __enter__(self) -> Dashboards:
+        self.origin = time.time()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
+        self._ended = time.time()
+        self._stop.set()
         self._thread.join(30)
+
+
+@dataclass
+class Speeds:
+    """Batches trained and seconds taken, while polled and while not."""
+
+    polled_batches: int = 0
+    polled_s: float = 0.0
+    quiet_batches: int = 0
+    quiet_s: float = 0.0
+
+    def add(self, other: Speeds) -> None:
+        self.polled_batches += other.polled_batches
+        self.polled_s += other.polled_s
+        self.quiet_batches += other.quiet_batches
+        self.quiet_s += other.quiet_s
+
+    def slowdown(self) -> float:
+        """Quiet speed / polled speed: 1.03 is 3% slower while polled."""
+        return (self.quiet_batches / self.quiet_s) / (self.polled_batches / self.polled_s)
+
+
+def speeds(points: list[MetricPoint], dashboards: Dashboards, settle_s: float) -> Speeds:
+    """Rank 0's batches a second between consecutive progress reports,
+    counting only the spans that lie inside one window and begin
+    ``settle_s`` after it opened (the polling of the window before has
+    drained)."""
+    result = Speeds()
+    for before, after in itertools.pairwise(points):
+        start, end = before.at.timestamp(), after.at.timestamp()
+        window = dashboards.window(start)
+        if (
+            window < 1
+            or dashboards.window(end) != window
+            or start - (dashboards.origin + window * dashboards.window_s) < settle_s
+        ):
+            continue
+        batches = after.step - before.step
+        if window % 2 == 1:
+            result.polled_batches += batches
+            result.polled_s += end - start
+        else:
+            result.quiet_batches += batches
+            result.quiet_s += end - start
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = bench_parser(__doc__)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=2.0,
+        help="seconds the dashboards poll, then are silent, in turn (default 2)",
+    )
     parser.add_argument(
         "--server-nice",
         type=int,
@@ -125,62 +237,65 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     spec = JobSpec()
-    loads: dict[str, list[tuple[Load, float, float]]] = {POLLING: [], PAGES: []}
-    alone_cpu: list[float] = []
+    ways = (POLLING, PAGES)
+    # way -> per run: its dashboards, the speeds measured, the server's CPU time
+    runs: dict[str, list[tuple[Dashboards, Speeds, float]]] = {way: [] for way in ways}
     with local_cluster(args.data_dir) as (cluster, client):
         assert cluster.server is not None
         server = psutil.Process(cluster.server.process.pid)
         if args.server_nice is not None:
             server.nice(args.server_nice)
+        for index in range(args.rounds):
+            for way in ways if index % 2 == 0 else ways[::-1]:
+                opened: dict[int, Dashboards] = {}
 
-        def quiet() -> Run:
-            before = server.cpu_times()
-            run = run_orchestrated(spec, client, ALONE)
-            after = server.cpu_times()
-            alone_cpu.append((after.user + after.system) - (before.user + before.system))
-            return run
+                def watch(
+                    job_id: int, way: str = way, opened: dict[int, Dashboards] = opened
+                ) -> Dashboards:
+                    opened[job_id] = Dashboards(cluster.port, job_id, way == PAGES, args.window)
+                    return opened[job_id]
 
-        def watched(way: str) -> Run:
-            opened: list[Dashboards] = []
+                before = server.cpu_times()
+                run = run_orchestrated(spec, client, way, watch=watch)
+                after = server.cpu_times()
+                [(job_id, watching)] = opened.items()
+                metrics = MetricsPublic.model_validate(
+                    client.get(f"/jobs/{job_id}/metrics", params={"max_points": 10_000}).json()
+                )
+                measured = speeds(metrics.points, watching, settle_s=SETTLE_S)
+                server_cpu = (after.user + after.system) - (before.user + before.system)
+                runs[way].append((watching, measured, server_cpu))
+                print(
+                    f"round {index + 1} {way:<22} training {run.train_s or 0:5.1f} s, "
+                    f"accuracy {100 * (run.accuracy or 0):.2f}%: "
+                    f"{measured.quiet_batches / measured.quiet_s:5.1f} batches/s quiet, "
+                    f"{measured.polled_batches / measured.polled_s:5.1f} polled, "
+                    f"slowdown {measured.slowdown():.3f}",
+                    flush=True,
+                )
 
-            def watch(job_id: int) -> Dashboards:
-                opened.append(Dashboards(cluster.port, job_id, full_page=way == PAGES))
-                return opened[-1]
-
-            before = server.cpu_times()
-            run = run_orchestrated(spec, client, way, watch=watch)
-            after = server.cpu_times()
-            server_cpu = (after.user + after.system) - (before.user + before.system)
-            loads[way].append((opened[0].load, opened[0].cpu_s, server_cpu))
-            return run
-
-        runs = alternate(
-            args.rounds,
-            {ALONE: quiet, POLLING: lambda: watched(POLLING), PAGES: lambda: watched(PAGES)},
-        )
-
-    def mean(way: str, training: bool) -> float:
-        return statistics.mean(
-            (r.train_s or 0.0) if training else r.wall_s for r in runs if r.way == way
-        )
-
-    print(f"\nserver CPU a run, alone: {statistics.mean(alone_cpu):.2f} s")
-    for way in (POLLING, PAGES):
-        for label, training in (("training loop", True), ("wall", False)):
-            alone, watched_s = mean(ALONE, training), mean(way, training)
-            print(
-                f"{way:<22} {label:<14} alone {alone:6.2f} s  watched {watched_s:6.2f} s  "
-                f"ratio {watched_s / alone:.3f}"
-            )
-        latencies = sorted(x for load, _, _ in loads[way] for x in load.latencies)
-        requests = sum(load.requests for load, _, _ in loads[way])
-        errors = sum(load.errors for load, _, _ in loads[way])
+    print()
+    for way in ways:
+        pooled = Speeds()
+        for _, measured, _ in runs[way]:
+            pooled.add(measured)
+        per_run = [measured.slowdown() for _, measured, _ in runs[way]]
+        dashboards = [d for d, _, _ in runs[way]]
+        latencies = sorted(x for d in dashboards for x in d.load.latencies)
         print(
-            f"{'':<22} requests {requests} ({errors} errors), latency p50 "
-            f"{1000 * latencies[len(latencies) // 2]:.1f} ms, p99 "
-            f"{1000 * latencies[int(len(latencies) * 0.99)]:.1f} ms; CPU a run: server "
-            f"{statistics.mean(s for _, _, s in loads[way]):.2f} s, the 50 clients "
-            f"{statistics.mean(c for _, c, _ in loads[way]):.2f} s"
+            f"{way:<22} slowdown {pooled.slowdown():.3f} over {len(per_run)} runs "
+            f"({pooled.polled_s:.0f} s polled, {pooled.quiet_s:.0f} s quiet); by run: "
+            + " ".join(f"{x:.3f}" for x in per_run)
+            + f" (median {statistics.median(per_run):.3f})"
+        )
+        print(
+            f"{'':<22} {sum(d.load.requests for d in dashboards)} requests "
+            f"({sum(d.load.errors for d in dashboards)} errors), "
+            f"{statistics.mean(d.rate() for d in dashboards):.1f} answers a second while "
+            f"polling, latency p50 {1000 * latencies[len(latencies) // 2]:.1f} ms, "
+            f"p99 {1000 * latencies[int(len(latencies) * 0.99)]:.1f} ms; CPU a run: server "
+            f"{statistics.mean(s for _, _, s in runs[way]):.2f} s, the 50 clients "
+            f"{statistics.mean(d.cpu_s for d in dashboards):.2f} s"
         )
 
 

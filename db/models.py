@@ -59,11 +59,17 @@ class Job(SQLModel, table=True):
     study_id: int | None = Field(default=None, foreign_key="study.id", index=True)
     study_index: int | None = None
     spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    # Set by the client: the same key submitted again returns this job.
+    idempotency_key: str | None = Field(default=None, unique=True)
     status: str = Field(default="queued", index=True)
     priority: int = 0
     pending_reason: str | None = None
     current_attempt_id: int | None = None
     attempt_count: int = 0
+    # A job waiting to retry does not start before this (backoff).
+    not_before: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # From the first start and max_run_seconds; past it the job fails.
+    deadline_at: datetime | None = Field(default=None, index=True, sa_type=UTCDateTime)
     created_at: datetime = Field(default_factory=utcnow, index=True, sa_type=UTCDateTime)
     started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
@@ -93,8 +99,11 @@ class Attempt(SQLModel, table=True):
     # Chosen by machine 0's launcher when it binds the rendezvous store (the
     # host knows which of its ports are free; the server cannot).
     master_port: int | None = None
+    resumed_from_epoch: int | None = None
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # Why it failed (a JobError), kept when the job goes on to a new attempt.
+    error: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
 
 
 class Part(SQLModel, table=True):

@@ -27,11 +27,37 @@ def insert_job(
     name: str | None,
     study_id: int | None = None,
     study_index: int | None = None,
+    idempotency_key: str | None = None,
 ) -> Job:
-    job = Job(spec=spec, name=name, study_id=study_id, study_index=study_index)
+    job = Job(
+        spec=spec,
+        name=name,
+        study_id=study_id,
+        study_index=study_index,
+        idempotency_key=idempotency_key,
+    )
     session.add(job)
     session.flush()
     return job
+
+
+def get_job_by_idempotency_key(*, session: Session, key: str) -> Job | None:
+    return session.exec(select(Job).where(Job.idempotency_key == key)).first()
+
+
+def jobs_past_deadline(*, session: Session, now: datetime) -> list[Job]:
+    """Queued (waiting to retry) or running jobs whose time is up."""
+    statement = select(Job).where(
+        col(Job.deadline_at) < now, col(Job.status).in_(("queued", "running"))
+    )
+    return list(session.exec(statement).all())
+
+
+def attempts_of_jobs(*, session: Session, job_ids: list[int]) -> list[Attempt]:
+    statement = (
+        select(Attempt).where(col(Attempt.job_id).in_(job_ids)).order_by(col(Attempt.number))
+    )
+    return list(session.exec(statement).all())
 
 
 def get_job(*, session: Session, job_id: int, for_update: bool = False) -> Job | None:

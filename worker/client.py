@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import httpx
@@ -114,6 +115,23 @@ class ServerClient:
         except httpx.HTTPError as exc:
             raise ServerUnavailable(f"checkpoint upload: {exc!r}") from exc
         return Ack.model_validate(self._check(f"/parts/{part_id}/checkpoint", response)).accepted
+
+    def download_checkpoint(self, job_id: int, destination: Path) -> None:
+        """The job's newest checkpoint, written whole to ``destination``."""
+        partial = destination.with_name(destination.name + ".partial")
+        try:
+            with self._http.stream(
+                "GET", f"/jobs/{job_id}/model", timeout=self._timeout_s * 10
+            ) as response:
+                if response.status_code != 200:
+                    response.read()
+                    self._check(f"/jobs/{job_id}/model", response)
+                with open(partial, "wb") as out:
+                    for chunk in response.iter_bytes():
+                        out.write(chunk)
+        except httpx.HTTPError as exc:
+            raise ServerUnavailable(f"checkpoint download: {exc!r}") from exc
+        os.replace(partial, destination)
 
     def progress(self, part_id: int, node_id: int, reports: list[ProgressReport]) -> bool:
         body = ProgressBatch(node_id=node_id, reports=reports)

@@ -19,7 +19,7 @@ from api.schemas import Assignment, NodeRegistration, PartFinished
 from worker import runfiles, trainers
 from worker.client import NodeUnknown, Refused, ServerClient, ServerUnavailable
 from worker.forkserver import ForkServer
-from worker.part import PartProcess
+from worker.part import PartProcess, run_dir_for
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,8 @@ FORK_SERVER_READY_WAIT_S = 60.0
 MAX_BACKOFF_S = 5.0
 RENDEZVOUS_CHECK_S = 0.1
 FINISHING_CHECK_S = 0.1
+# Where a retried part keeps the checkpoint it resumes from, in its run directory.
+RESUME_FILE = "resume.pt"
 LOG_LINES_PER_REQUEST = 2000
 
 
@@ -219,8 +221,30 @@ class Worker:
             assignment.master_addr,
             assignment.master_port or "(port to come)",
         )
+        resume_from = None
+        if assignment.resume_epoch is not None:
+            # A retry: every machine continues from the job's last checkpoint.
+            resume_from = run_dir_for(self.settings.work_dir.resolve(), assignment) / RESUME_FILE
+            try:
+                resume_from.parent.mkdir(parents=True, exist_ok=True)
+                self.client.download_checkpoint(assignment.job_id, resume_from)
+            except ServerUnavailable as exc:
+                log.warning("checkpoint for part %d not fetched yet: %s", assignment.part_id, exc)
+                return  # the next poll hands the part out again
+            except (Refused, OSError) as exc:
+                self._send_finish(
+                    assignment.part_id,
+                    PartFinished(
+                        node_id=self.node_id,
+                        status="failed",
+                        reason="launch_failed",
+                        message=f"worker {self.settings.name} could not fetch the checkpoint "
+                        f"of epoch {assignment.resume_epoch}: {exc}",
+                    ),
+                )
+                return
         try:
-            part = PartProcess.launch(assignment, self.settings, self._forks)
+            part = PartProcess.launch(assignment, self.settings, self._forks, resume_from)
         except OSError as exc:
             log.error("could not launch part %d: %s", assignment.part_id, exc)
             self._send_finish(

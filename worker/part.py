@@ -60,7 +60,11 @@ class PartProcess:
 
     @classmethod
     def launch(
-        cls, assignment: Assignment, settings: WorkerSettings, forks: ForkServer | None = None
+        cls,
+        assignment: Assignment,
+        settings: WorkerSettings,
+        forks: ForkServer | None = None,
+        resume_from: Path | None = None,
     ) -> PartProcess:
         run_dir = run_dir_for(settings.work_dir.resolve(), assignment)
         config = runfiles.LaunchConfig(
@@ -70,6 +74,7 @@ class PartProcess:
             trainers=settings.trainers,
             process_group_timeout_s=settings.process_group_timeout_s,
             parent_pid=os.getpid(),
+            resume_from=resume_from,
         )
         runfiles.write_launch(config)
         known = assignment.master_port is not None and assignment.machine_id > 0

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -24,12 +24,33 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 FOLLOW_POLL_S = 0.5
 
 
-@router.post("", status_code=201, response_model=JobPublic)
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobPublic,
+    responses={200: {"model": JobPublic, "description": "The job this Idempotency-Key made"}},
+)
 def submit_job(
-    spec: JobSpec, coordinator: CoordinatorDep, db: DatabaseDep, notifier: NotifierDep
+    spec: JobSpec,
+    coordinator: CoordinatorDep,
+    db: DatabaseDep,
+    notifier: NotifierDep,
+    response: Response,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            min_length=1,
+            max_length=200,
+            description="Send the same key again (a retry after a timeout) and get the same "
+            "job back, never a second one",
+        ),
+    ] = None,
 ) -> JobPublic:
-    job_id = coordinator.submit_job(spec)
-    notifier.notify()
+    job_id, created = coordinator.submit_job(spec, idempotency_key)
+    if created:
+        notifier.notify()
+    else:
+        response.status_code = 200
     return views.read_job(db=db, job_id=job_id)
 
 

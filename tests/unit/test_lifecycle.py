@@ -12,6 +12,8 @@ from api.lifecycle import (
     PartStatus,
     can_cancel,
     move_job,
+    backoff_seconds,
+    is_retryable,
     move_part,
     settle_job,
 )
@@ -22,6 +24,8 @@ J, P = JobStatus, PartStatus
 ALLOWED_JOB_MOVES = {
     (J.QUEUED, J.RUNNING),
     (J.QUEUED, J.CANCELLED),
+    (J.QUEUED, J.FAILED),  # a job waiting to retry ran out of time
+    (J.RUNNING, J.QUEUED),  # a retryable failure with restarts left
     (J.RUNNING, J.SUCCEEDED),
     (J.RUNNING, J.FAILED),
     (J.RUNNING, J.CANCELLING),
@@ -104,3 +108,29 @@ def test_a_cancelling_job_waits_for_every_part_to_stop() -> None:
 @pytest.mark.parametrize("status", [s for s in J if s.is_terminal()] + [J.QUEUED])
 def test_settling_leaves_other_states_alone(status: JobStatus) -> None:
     assert settle_job(status, [P.FAILED, P.SUCCEEDED]) is status
+
+
+@pytest.mark.parametrize(
+    "reason,exit_code,retryable",
+    [
+        ("node_lost", None, True),
+        ("worker_restarted", None, True),
+        ("launcher_died", -9, True),
+        ("rendezvous_failed", 1, True),
+        ("launch_failed", None, True),
+        ("peer_failure", 1, True),
+        ("rank_exited", -9, True),  # killed by SIGKILL: the OOM killer, an operator
+        ("rank_exited", -15, True),
+        ("rank_exited", 3, False),  # the code chose to exit non-zero
+        ("rank_failed", 1, False),  # the training code raised
+        ("deadline", None, False),
+        ("something_new", None, False),  # unknown reasons are not retried
+    ],
+)
+def test_which_failures_are_retried(reason: str, exit_code: int | None, retryable: bool) -> None:
+    assert is_retryable(reason, exit_code) is retryable
+
+
+def test_backoff_doubles_up_to_its_cap() -> None:
+    waits = [backoff_seconds(n, base_s=1.0, cap_s=5.0) for n in range(5)]
+    assert waits == [1.0, 2.0, 4.0, 5.0, 5.0]
