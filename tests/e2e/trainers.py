@@ -45,3 +45,12 @@ DIES = Trainer(train=_last_rank_dies_between_steps)
 # The built-in MNIST training with dropout off, so that runs over different
 # topologies must agree to float tolerance.
 NO_DROPOUT = Trainer(train=functools.partial(mnist.train, dropout=False), prepare=mnist.prepare)
+
+
+def _nothing(ctx: TrainContext) -> TrainResult | None:
+    return None
+
+
+# Costs next to nothing beyond the launch itself: for tests of the
+# orchestration under load.
+NOOP = Trainer(train=_nothing)

@@ -10,10 +10,10 @@ from api.lifecycle import (
     IllegalTransition,
     JobStatus,
     PartStatus,
-    can_cancel,
-    move_job,
     backoff_seconds,
+    can_cancel,
     is_retryable,
+    move_job,
     move_part,
     settle_job,
 )

@@ -1,0 +1,73 @@
+"""Sixteen real worker daemons on one server, 200 single-machine jobs: every
+job is claimed once, none is left behind, and no client ever sees the
+database being busy."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cli.cluster import LocalCluster
+from tests.conftest import REPO
+from tests.e2e.test_faults import record, until
+
+pytestmark = pytest.mark.e2e
+
+WORKERS = 16
+JOBS = 200
+BUSY_SIGNS = ("database is locked", "database is busy", "Traceback", " 500 ", " 503 ")
+
+
+def test_16_workers_claim_200_jobs_exactly_once(tmp_path: Path) -> None:
+    empty_data = tmp_path / "no-data"  # the noop trainer reads nothing; nothing to warm
+    empty_data.mkdir()
+    cluster = LocalCluster(
+        state_dir=tmp_path / "cluster",
+        data_dir=empty_data,
+        workers=WORKERS,
+        extra_env={"PYTHONPATH": str(REPO)},
+        worker_args=["--trainer", "noop=tests.e2e.trainers:NOOP"],
+    )
+    try:
+        cluster.start(timeout_s=300)  # sixteen torch imports on a small machine
+        with httpx.Client(base_url=cluster.url, timeout=60) as client:
+            started = time.monotonic()
+            for index in range(JOBS):
+                response = client.post("/jobs", json={"trainer": "noop", "name": f"load {index}"})
+                assert response.status_code == 201, response.text
+
+            def all_ended() -> bool:
+                page = client.get("/jobs", params={"limit": 500}).json()["data"]
+                return all(j["status"] in ("succeeded", "failed", "cancelled") for j in page)
+
+            until(all_ended, 600, f"{JOBS} jobs to end")
+            took_s = time.monotonic() - started
+            page = client.get("/jobs", params={"limit": 500}).json()["data"]
+        assert len(page) == JOBS
+        assert {j["status"] for j in page} == {"succeeded"}, [
+            (j["id"], j["status"], j["error"]) for j in page if j["status"] != "succeeded"
+        ]
+        with sqlite3.connect(cluster.database_path) as db:
+            claims = db.execute("SELECT job_id, COUNT(*) FROM part GROUP BY job_id").fetchall()
+            nodes_used = db.execute("SELECT COUNT(DISTINCT node_id) FROM part").fetchone()[0]
+        assert len(claims) == JOBS and {count for _, count in claims} == {1}
+        logs = {p.name: p.read_text(errors="replace") for p in cluster.state_dir.glob("*.log")}
+        surfaced = {
+            name: sign for name, text in logs.items() for sign in BUSY_SIGNS if sign in text
+        }
+        assert surfaced == {}, surfaced
+        record(
+            f"{WORKERS} worker daemons, {JOBS} queued single-machine jobs",
+            jobs_succeeded=len(page),
+            duplicate_claims=sum(count - 1 for _, count in claims),
+            nodes_used=nodes_used,
+            seconds=round(took_s, 1),
+        )
+        print(json.dumps({"jobs_per_s": round(JOBS / took_s, 2), "nodes_used": nodes_used}))
+    finally:
+        cluster.stop()
