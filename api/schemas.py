@@ -7,9 +7,17 @@ import FastAPI or the database), so it depends on pydantic alone.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from api.lifecycle import JobStatus, NodeState, PartStatus
 
@@ -24,7 +32,68 @@ ExitCode = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 
 
 class _Strict(BaseModel):
+    """What clients send: unknown fields refused, and JSON types taken as the
+    schema says: pydantic on its own would read ``true`` as 1, ``0`` as
+    false and a number as a timestamp."""
+
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _json_types_as_documented(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.field_name is not None:
+            wanted = cls.model_fields[info.field_name].annotation
+            if not _fits(wanted, value):
+                raise ValueError(f"{_kind(value)} where the schema wants {_name(wanted)}")
+        return value
+
+
+def _fits(annotation: Any, value: Any) -> bool:
+    """Whether a JSON value is of a type the annotation allows (models,
+    strings and the like are left to pydantic)."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _fits(get_args(annotation)[0], value)
+    if origin in (Union, UnionType):
+        return any(_fits(option, value) for option in get_args(annotation))
+    if origin is list and isinstance(value, list):
+        (item,) = get_args(annotation) or (Any,)
+        return all(_fits(item, element) for element in value)
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation in (int, float):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if annotation is datetime:
+        return isinstance(value, str | datetime)
+    if annotation is type(None):
+        return value is None
+    return True
+
+
+_JSON_NAMES: dict[Any, str] = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "an array",
+    dict: "an object",
+    datetime: "a date-time string",
+    type(None): "null",
+}
+
+
+def _kind(value: Any) -> str:
+    return "a number" if type(value) is float else _JSON_NAMES.get(type(value), "a value")
+
+
+def _name(annotation: Any) -> str:
+    if get_origin(annotation) is Annotated:
+        return _name(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, UnionType):
+        return " or ".join(_name(a) for a in get_args(annotation) if a is not type(None))
+    if get_origin(annotation) is list:
+        return "an array"
+    return _JSON_NAMES.get(annotation, getattr(annotation, "__name__", str(annotation)))
 
 
 class Topology(_Strict):
@@ -278,7 +347,9 @@ def _default_rows() -> list[StudyRow]:
 
 
 class StudyCreate(_Strict):
-    name: str | None = Field(None, max_length=128)
+    # Its jobs are named after it plus their row (": 64 x 64, batch 65536"),
+    # within a job name's 128 characters.
+    name: str | None = Field(None, max_length=96)
     spec: JobSpec = Field(
         default_factory=JobSpec,
         description="The training to repeat; each row replaces its topology and batch size",
@@ -481,3 +552,24 @@ class PartFinished(_Strict):
 
 class Ack(BaseModel):
     accepted: bool = True
+
+
+# --- errors -------------------------------------------------------------------
+
+
+class Problem(BaseModel):
+    """Every 4xx but validation's 422: what went wrong, in words."""
+
+    detail: str
+
+
+def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for these error statuses (422 FastAPI adds itself)."""
+    meanings = {
+        400: "Malformed request",
+        403: "Not this node's part",
+        404: "No such resource",
+        409: "Not possible in its current state",
+        413: "Too large",
+    }
+    return {status: {"model": Problem, "description": meanings[status]} for status in statuses}

@@ -15,10 +15,18 @@ from api import views
 from api.deps import CoordinatorDep, DatabaseDep, JobId, NotifierDep, ReadCacheDep, SettingsDep
 from api.lifecycle import JobStatus
 from api.read_cache import ReadCache, cached_json
-from api.schemas import DB_INT_MAX, JobPublic, JobSpec, JobsPublic, LogsPublic, MetricsPublic
+from api.schemas import (
+    DB_INT_MAX,
+    JobPublic,
+    JobSpec,
+    JobsPublic,
+    LogsPublic,
+    MetricsPublic,
+    documented,
+)
 from db.models import Attempt, Job, LogRow, Part, ProgressRow
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=documented(400, 404, 409))
 
 # How often a followed log checks for new lines.
 FOLLOW_POLL_S = 0.5
@@ -59,8 +67,8 @@ def list_jobs(
     db: DatabaseDep,
     settings: SettingsDep,
     status: JobStatus | None = None,
-    limit: Annotated[int, Query(ge=1)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=DB_INT_MAX)] = 50,
+    offset: Annotated[int, Query(ge=0, le=DB_INT_MAX)] = 0,
 ) -> JobsPublic:
     """Newest first."""
     return views.read_jobs(

@@ -9,9 +9,16 @@ from starlette.concurrency import run_in_threadpool
 
 from api import views
 from api.deps import CoordinatorDep, DatabaseDep, NodeId, NotifierDep, SettingsDep
-from api.schemas import NodePublic, NodeRegistered, NodeRegistration, PollRequest, PollResponse
+from api.schemas import (
+    NodePublic,
+    NodeRegistered,
+    NodeRegistration,
+    PollRequest,
+    PollResponse,
+    documented,
+)
 
-router = APIRouter(prefix="/nodes", tags=["nodes"])
+router = APIRouter(prefix="/nodes", tags=["nodes"], responses=documented(400, 404))
 
 
 @router.get("", response_model=list[NodePublic])

@@ -18,9 +18,12 @@ from api.schemas import (
     PartStarted,
     ProgressBatch,
     RendezvousBound,
+    documented,
 )
 
-router = APIRouter(prefix="/parts", tags=["worker protocol"])
+router = APIRouter(
+    prefix="/parts", tags=["worker protocol"], responses=documented(400, 403, 404, 409, 413)
+)
 
 
 @router.post("/{part_id}/started", response_model=Ack)
@@ -102,7 +105,7 @@ async def upload_checkpoint(
             f.flush()
             os.fsync(f.fileno())
         if size == 0:
-            raise HTTPException(422, "body: the checkpoint is empty")
+            raise HTTPException(400, "body: the checkpoint is empty")
         accepted = await run_in_threadpool(
             coordinator.record_checkpoint, part_id, node_id, epoch, staged, size
         )

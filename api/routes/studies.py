@@ -9,9 +9,9 @@ from fastapi import APIRouter, Path, Query
 
 from api import views
 from api.deps import CoordinatorDep, DatabaseDep, NotifierDep, SettingsDep
-from api.schemas import DB_INT_MAX, StudiesPublic, StudyCreate, StudyPublic
+from api.schemas import DB_INT_MAX, StudiesPublic, StudyCreate, StudyPublic, documented
 
-router = APIRouter(prefix="/studies", tags=["studies"])
+router = APIRouter(prefix="/studies", tags=["studies"], responses=documented(400, 404, 409))
 
 StudyId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]
 
@@ -31,8 +31,8 @@ def submit_study(
 def list_studies(
     db: DatabaseDep,
     settings: SettingsDep,
-    limit: Annotated[int, Query(ge=1)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=DB_INT_MAX)] = 50,
+    offset: Annotated[int, Query(ge=0, le=DB_INT_MAX)] = 0,
 ) -> StudiesPublic:
     return views.read_studies(db=db, limit=min(limit, settings.max_page_size), offset=offset)
 
