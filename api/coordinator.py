@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -59,6 +60,21 @@ class Coordinator:
         self.db = db
         self.settings = settings
         self._started = time.monotonic()
+        # node id -> when a request from it last arrived (monotonic). Any
+        # request proves a node alive, and it is noted before the request
+        # waits for the database: a node stuck behind a busy server is not
+        # a lost node.
+        self._sightings: dict[int, float] = {}
+        self._sightings_lock = threading.Lock()
+
+    def _saw(self, node_id: int) -> None:
+        with self._sightings_lock:
+            self._sightings[node_id] = time.monotonic()
+
+    def _seen_within(self, node_id: int, seconds: float) -> bool:
+        with self._sightings_lock:
+            seen = self._sightings.get(node_id)
+        return seen is not None and time.monotonic() - seen < seconds
 
     # --- jobs -----------------------------------------------------------------
 
@@ -171,6 +187,7 @@ class Coordinator:
     ) -> PollResponse:
         """Heartbeat, place what can be placed, and tell the node what to
         start and what to stop."""
+        self._saw(node_id)
         with self.db.write() as session:
             node = queries.get_node(session=session, node_id=node_id)
             if node is None:
@@ -179,7 +196,12 @@ class Coordinator:
             if node.state != NodeState.LIVE.value:
                 log.warning("node %d (%s) is back after being lost", node_id, node.name)
                 node.state = NodeState.LIVE.value
-            self._schedule(session)
+                self._schedule(session)  # it has room again
+            # Otherwise nothing to place: every event that can make a queued
+            # job placeable (a submit, a part ending, a node registering or
+            # lost, a backoff ending) schedules in its own transaction. Polls
+            # are the busiest writes; with hundreds queued, planning on each
+            # one kept nodes waiting on the server for seconds.
 
             mine = queries.active_parts_on_nodes(session=session, node_ids=[node_id])
             reported = set(active_part_ids)
@@ -221,7 +243,12 @@ class Coordinator:
         now = utcnow()
         cutoff = now - timedelta(seconds=self.settings.heartbeat_timeout_s)
         with self.db.write() as session:
-            stale = queries.stale_live_nodes(session=session, heartbeat_before=cutoff)
+            stale = [
+                n
+                for n in queries.stale_live_nodes(session=session, heartbeat_before=cutoff)
+                if n.id is not None
+                and not self._seen_within(n.id, self.settings.heartbeat_timeout_s)
+            ]
             if not stale:
                 return False
             nodes = {n.id: n for n in stale if n.id is not None}
@@ -238,10 +265,11 @@ class Coordinator:
             self._schedule(session)
             return True
 
-    def tick(self) -> bool:
-        """The server's clock: lost nodes, deadlines, retries whose backoff
-        has passed. True if anything changed (nodes should hear of it)."""
-        lost = self.sweep_lost_nodes()
+    def tick(self, judge_nodes: bool = True) -> bool:
+        """The server's clock: lost nodes (unless told the server itself was
+        too stalled to judge), deadlines, retries whose backoff has passed.
+        True if anything changed (nodes should hear of it)."""
+        lost = self.sweep_lost_nodes() if judge_nodes else False
         now = utcnow()
         with self.db.write() as session:
             late = queries.jobs_past_deadline(session=session, now=now)
@@ -254,6 +282,7 @@ class Coordinator:
 
     def part_started(self, part_id: int, node_id: int) -> bool:
         """The node launched the part's processes. False: it should not have."""
+        self._saw(node_id)
         with self.db.write() as session:
             part = _owned_part(session, part_id, node_id)
             if part.status != PartStatus.ASSIGNED.value or not _is_current(session, part):
@@ -265,6 +294,7 @@ class Coordinator:
     def record_rendezvous(self, part_id: int, report: RendezvousBound) -> bool:
         """Machine 0's launcher bound the job's rendezvous store on this port;
         the other machines learn it from their next poll."""
+        self._saw(report.node_id)
         with self.db.write() as session:
             part = _owned_part(session, part_id, report.node_id)
             if part.machine_id != 0:
@@ -335,6 +365,7 @@ class Coordinator:
             return path, job.checkpoint_epoch
 
     def record_progress(self, part_id: int, batch: ProgressBatch) -> bool:
+        self._saw(batch.node_id)
         with self.db.write() as session:
             part = _owned_part(session, part_id, batch.node_id)
             if not _is_current(session, part):
@@ -378,6 +409,7 @@ class Coordinator:
     def record_logs(self, part_id: int, batch: LogBatch) -> bool:
         """Store the lines not stored yet. Lines of an attempt that is no
         longer current are kept too: they explain what happened to it."""
+        self._saw(batch.node_id)
         with self.db.write() as session:
             part = _owned_part(session, part_id, batch.node_id)
             seen = queries.known_log_offsets(
@@ -410,6 +442,7 @@ class Coordinator:
 
     def finish_part(self, part_id: int, report: PartFinished) -> bool:
         """A node's processes for this part have exited; settle the job."""
+        self._saw(report.node_id)
         now = utcnow()
         with self.db.write() as session:
             part = _owned_part(session, part_id, report.node_id)

@@ -59,13 +59,17 @@ def add_submit(commands: Any) -> None:
         action="store_true",
         help="follow it with a progress bar; exit 0 if it succeeds, 1 if not",
     )
+    parser.add_argument(
+        "--idempotency-key",
+        help="submitting again with the same key returns the same job, never a second one",
+    )
     add_spec_arguments(parser)
     parser.set_defaults(run=run_submit)
 
 
 def run_submit(args: argparse.Namespace) -> int:
     with client_for(args) as client:
-        job = submit(client, spec_from_args(args))
+        job = submit(client, spec_from_args(args), args.idempotency_key)
         if not args.wait:
             if args.json:
                 _print_json(job.model_dump(mode="json"))

@@ -35,6 +35,15 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int, default=defaults.seed)
     group.add_argument("--max-steps-per-epoch", type=int, default=None)
     group.add_argument(
+        "--max-restarts",
+        type=int,
+        default=defaults.max_restarts,
+        help="new attempts after a retryable failure, each from the last checkpoint",
+    )
+    group.add_argument(
+        "--max-run-seconds", type=float, default=None, help="fail with reason deadline after this"
+    )
+    group.add_argument(
         "--performance",
         type=_json_object,
         default=None,
@@ -62,18 +71,24 @@ def spec_from_args(args: argparse.Namespace) -> dict[str, object]:
         "epochs": args.epochs,
         "lr": args.lr,
         "seed": args.seed,
+        "max_restarts": args.max_restarts,
     }
     if args.name:
         spec["name"] = args.name
     if args.max_steps_per_epoch is not None:
         spec["max_steps_per_epoch"] = args.max_steps_per_epoch
+    if args.max_run_seconds is not None:
+        spec["max_run_seconds"] = args.max_run_seconds
     if args.performance is not None:
         spec["performance"] = args.performance
     return spec
 
 
-def submit(client: httpx.Client, spec: dict[str, object]) -> JobPublic:
-    response = client.post("/jobs", json=spec)
+def submit(
+    client: httpx.Client, spec: dict[str, object], idempotency_key: str | None = None
+) -> JobPublic:
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    response = client.post("/jobs", json=spec, headers=headers)
     if response.status_code == 422:
         problems = "; ".join(d["msg"] for d in response.json()["detail"])
         raise SystemExit(f"the server rejected the job spec: {problems}")

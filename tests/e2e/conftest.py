@@ -3,10 +3,11 @@ real worker daemons, shared by the end-to-end tests; always torn down."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import psutil
@@ -16,6 +17,8 @@ from cli.cluster import LocalCluster
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e
+
+T = TypeVar("T")
 
 # Small enough to keep the suite quick, long enough for several progress reports.
 SMOKE_STEPS = 20
@@ -124,3 +127,21 @@ def still_running(processes: list[psutil.Process]) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             pass
     return running
+
+
+def record(test: str, **figures: Any) -> None:
+    folder = REPO / "test-artifacts"
+    folder.mkdir(exist_ok=True)
+    with open(folder / "reliability.jsonl", "a", encoding="utf-8") as out:
+        out.write(json.dumps({"test": test, **figures}) + "\n")
+
+
+def until(check: Callable[[], T], timeout_s: float, what: str) -> T:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)

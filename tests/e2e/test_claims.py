@@ -14,7 +14,7 @@ import pytest
 
 from cli.cluster import LocalCluster
 from tests.conftest import REPO
-from tests.e2e.test_faults import record, until
+from tests.e2e.conftest import record, until
 
 pytestmark = pytest.mark.e2e
 
@@ -32,6 +32,7 @@ def test_16_workers_claim_200_jobs_exactly_once(tmp_path: Path) -> None:
         workers=WORKERS,
         extra_env={"PYTHONPATH": str(REPO)},
         worker_args=["--trainer", "noop=tests.e2e.trainers:NOOP"],
+        server_env={"DDPO_NICE": "0"},
     )
     try:
         cluster.start(timeout_s=300)  # sixteen torch imports on a small machine

@@ -66,10 +66,14 @@ def test_submit_carries_the_whole_spec(cluster: LocalCluster, jobs: Jobs) -> Non
         "--lr=0.25",
         "--seed=7",
         "--max-steps-per-epoch=3",
+        "--max-restarts=2",
+        "--max-run-seconds=600",
+        "--idempotency-key=spec-check-1",
         '--performance={"channels_last": false, "same_host_allreduce": "gloo"}',
     )
     assert done.returncode == 0, done.stderr
     spec = json.loads(done.stdout)["spec"]
+    assert (spec["max_restarts"], spec["max_run_seconds"]) == (2, 600)
     assert spec["topology"] == {"num_machines": 1, "num_processes": 2}
     assert (spec["batch_size"], spec["epochs"], spec["lr"], spec["seed"]) == (64, 2, 0.25, 7)
     assert spec["performance"]["channels_last"] is False

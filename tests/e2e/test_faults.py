@@ -9,22 +9,19 @@ import os
 import signal
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
 
 import httpx
 import psutil
 import pytest
 
 from cli.cluster import LocalCluster, ManagedProcess
-from tests.conftest import REPO
-from tests.e2e.conftest import Jobs, still_running
+from tests.e2e.conftest import Jobs, record, still_running, until
 
 pytestmark = pytest.mark.e2e
 
-T = TypeVar("T")
 
 # Long enough epochs that a kill lands mid-epoch after a checkpoint.
 EPOCH_STEPS = 120
@@ -51,24 +48,6 @@ def jobs(faulty: LocalCluster) -> Iterator[Jobs]:
             if job["status"] in ("queued", "running"):
                 client.post(f"/jobs/{job['id']}/cancel")
         until(lambda: not any(n["parts"] for n in client.get("/nodes").json()), 30, "idle nodes")
-
-
-def record(test: str, **figures: Any) -> None:
-    folder = REPO / "test-artifacts"
-    folder.mkdir(exist_ok=True)
-    with open(folder / "reliability.jsonl", "a", encoding="utf-8") as out:
-        out.write(json.dumps({"test": test, **figures}) + "\n")
-
-
-def until(check: Callable[[], T], timeout_s: float, what: str) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def daemon(cluster: LocalCluster, name: str) -> ManagedProcess:

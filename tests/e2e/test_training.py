@@ -17,6 +17,7 @@ from tests.e2e.conftest import (
     Jobs,
     fork_server,
     rank_processes,
+    record,
     still_running,
 )
 
@@ -73,16 +74,24 @@ def test_one_machine_two_processes(jobs: Jobs) -> None:
 
 
 def test_cancel_stops_every_rank_on_every_node(jobs: Jobs, cluster: LocalCluster) -> None:
-    job_id = jobs.submit(machines=2, processes=1)  # a whole epoch: far longer than the test
+    # A whole epoch: far longer than the test. Restarts are for failures, not cancels.
+    job_id = jobs.submit(machines=2, processes=1, max_restarts=2)
     jobs.wait(job_id, lambda j: j["progress"] is not None, 120, "training to report progress")
     ranks = rank_processes(cluster)
     # Per node: the launcher and one rank.
     assert len(ranks) >= 4, ranks
 
     jobs.client.post(f"/jobs/{job_id}/cancel").raise_for_status()
+    asked_at = time.monotonic()
     job = jobs.wait(job_id, lambda j: j["status"] == "cancelled", 10, "cancelled within 10 s")
+    cancelled_s = time.monotonic() - asked_at
     assert still_running(ranks) == [], "ranks still running after the job was cancelled"
+    record(
+        "cancel a running 2-machine job (max_restarts=2)",
+        cancelled_and_ranks_gone_s=round(cancelled_s, 2),
+    )
     assert {p["status"] for p in job["parts"]} == {"cancelled"}
+    assert len(job["attempts"]) == 1
 
 
 def test_a_dead_fork_server_takes_its_launchers_along_and_is_replaced(
