@@ -101,8 +101,9 @@ class Dashboards:
     polling in every other window of ``window_s`` seconds from ``origin``
     and silent in between, keeping their connections open. Window 0 is left
     out of the comparison (the training is warming up: its first spans are
-    slow whether watched or not), then odd windows poll and even ones are
-    quiet.
+    slow whether watched or not); after it, odd windows poll and even ones
+    are quiet, or the other way round (``polls_odd``: the benchmark swaps
+    them every other run, so that a drift within a run favours neither).
 
     They stand for browsers on other machines, so the thread is cheap (one
     selector, no event loop) and runs under SCHED_IDLE: it gets the CPU only
@@ -110,10 +111,13 @@ class Dashboards:
     cost rather than the load generator's. Whether the load was still
     delivered is checked from the count of answers (``rate``)."""
 
-    def __init__(self, port: int, job_id: int, full_page: bool, window_s: float) -> None:
+    def __init__(
+        self, port: int, job_id: int, full_page: bool, window_s: float, polls_odd: bool
+    ) -> None:
         self.load = Load()
         self.cpu_s = 0.0
         self.window_s = window_s
+        self.polls_odd = polls_odd
         self.origin = 0.0
         self._ended = 0.0
         self._stop = threading.Event()
@@ -122,8 +126,11 @@ class Dashboards:
         )
 
     def window(self, at: float) -> int:
-        """Which window a moment (``time.time()``) falls in: odd ones poll."""
+        """Which window a moment (``time.time()``) falls in."""
         return int((at - self.origin) // self.window_s)
+
+    def polls_in(self, window: int) -> bool:
+        return window >= 1 and (window % 2 == 1) == self.polls_odd
 
     def _run(self, port: int, job_id: int, full_page: bool) -> None:
         os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
@@ -140,7 +147,7 @@ class Dashboards:
                 now = time.time()
                 for page in pages:
                     if page.due <= now and not page.queue:
-                        if self.window(now) % 2 == 1:
+                        if self.polls_in(self.window(now)):
                             page.start_tick()
                         else:
                             page.due += 1.0  # a silent window: skip this second
@@ -158,7 +165,9 @@ class Dashboards:
         polling = sum(
             max(0.0, min(self._ended, start + self.window_s) - start)
             for start in (
-                self.origin + k * self.window_s for k in range(0, self.window(self._ended) + 1, 2)
+                self.origin + k * self.window_s
+                for k in range(1, self.window(self._ended) + 1)
+                if self.polls_in(k)
             )
         )
         return self.load.requests / max(polling, 1e-9)
@@ -210,7 +219,7 @@ def speeds(points: list[MetricPoint], dashboards: Dashboards, settle_s: float) -
         ):
             continue
         batches = after.step - before.step
-        if window % 2 == 1:
+        if dashboards.polls_in(window):
             result.polled_batches += batches
             result.polled_s += end - start
         else:
@@ -250,9 +259,14 @@ def main(argv: list[str] | None = None) -> None:
                 opened: dict[int, Dashboards] = {}
 
                 def watch(
-                    job_id: int, way: str = way, opened: dict[int, Dashboards] = opened
+                    job_id: int,
+                    way: str = way,
+                    opened: dict[int, Dashboards] = opened,
+                    polls_odd: bool = index % 2 == 0,
                 ) -> Dashboards:
-                    opened[job_id] = Dashboards(cluster.port, job_id, way == PAGES, args.window)
+                    opened[job_id] = Dashboards(
+                        cluster.port, job_id, way == PAGES, args.window, polls_odd
+                    )
                     return opened[job_id]
 
                 before = server.cpu_times()

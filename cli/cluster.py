@@ -121,8 +121,8 @@ class LocalCluster:
             **self.extra_env,
             "DATABASE_URL": f"sqlite:///{self.database_path}",
             # The server shares this host with the training it runs: it
-            # yields the cores (50 dashboards polling slowed a one-epoch job
-            # by 7% at the same priority, by 2.6% at nice 10: BENCHMARKS.md).
+            # yields the cores, so that being watched costs the training as
+            # little as it can (BENCHMARKS.md, "50 dashboards").
             "DDPO_NICE": str(SERVER_NICE),
             **self.server_env,
         }
