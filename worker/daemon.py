@@ -232,30 +232,15 @@ class Worker:
                 log.warning("checkpoint for part %d not fetched yet: %s", assignment.part_id, exc)
                 return  # the next poll hands the part out again
             except (Refused, OSError) as exc:
-                self._send_finish(
+                self._launch_failed(
                     assignment.part_id,
-                    PartFinished(
-                        node_id=self.node_id,
-                        status="failed",
-                        reason="launch_failed",
-                        message=f"worker {self.settings.name} could not fetch the checkpoint "
-                        f"of epoch {assignment.resume_epoch}: {exc}",
-                    ),
+                    f"fetch the checkpoint of epoch {assignment.resume_epoch}: {exc}",
                 )
                 return
         try:
             part = PartProcess.launch(assignment, self.settings, self._forks, resume_from)
         except OSError as exc:
-            log.error("could not launch part %d: %s", assignment.part_id, exc)
-            self._send_finish(
-                assignment.part_id,
-                PartFinished(
-                    node_id=self.node_id,
-                    status="failed",
-                    reason="launch_failed",
-                    message=f"worker {self.settings.name} could not launch the part: {exc}",
-                ),
-            )
+            self._launch_failed(assignment.part_id, f"launch the part: {exc}")
             return
         self.parts[assignment.part_id] = part
         try:
@@ -268,6 +253,19 @@ class Worker:
         except Refused as exc:
             log.warning("start of part %d refused: %s", assignment.part_id, exc)
             part.request_stop()
+
+    def _launch_failed(self, part_id: int, could_not: str) -> None:
+        assert self.node_id is not None
+        log.error("part %d: could not %s", part_id, could_not)
+        self._send_finish(
+            part_id,
+            PartFinished(
+                node_id=self.node_id,
+                status="failed",
+                reason="launch_failed",
+                message=f"worker {self.settings.name} could not {could_not}",
+            ),
+        )
 
     def _stop(self, part_id: int) -> None:
         assert self.node_id is not None
