@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 
@@ -38,6 +39,14 @@ def main(argv: list[str] | None = None) -> None:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not settings.tokens_configured and not is_loopback(settings.host):
+        parser.exit(
+            2,
+            f"ddpo-server: refusing to serve on {settings.host}, which is not a loopback "
+            "address, without tokens: anyone who reaches it could run jobs on every node. "
+            "Set DDPO_ADMIN_TOKEN (or DDPO_USER_TOKEN) and DDPO_WORKER_TOKEN, or bind "
+            "127.0.0.1.\n",
+        )
     if settings.nice:
         os.nice(settings.nice)
     uvicorn.run(
@@ -49,6 +58,15 @@ def main(argv: list[str] | None = None) -> None:
         # One process: the scheduler and long-poll wake-ups live in it.
         workers=1,
     )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp
 
+from api.auth import AuthMiddleware, Role, TokenBook
 from api.coordinator import Coordinator
 from api.lifecycle import IllegalTransition
 from api.monitoring import LatencyMiddleware, make_registry
@@ -58,6 +59,14 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.notifier = notifier
     app.state.coordinator = coordinator
     app.state.read_cache = ReadCache(db)
+    app.state.tokens = TokenBook(
+        {
+            Role.ADMIN: settings.admin_token,
+            Role.USER: settings.user_token,
+            Role.READER: settings.read_token,
+            Role.WORKER: settings.worker_token,
+        }
+    )
     app.state.registry, app.state.latency = make_registry(db)
     app.add_middleware(LatencyMiddleware, latency=app.state.latency)
     for router in (
@@ -80,9 +89,11 @@ class _Orchestrator(FastAPI):
         # Cached answers go out in front of everything else, Starlette's own
         # error middleware included: 50 dashboards polling a job are 50
         # requests a second on a host that is training (BENCHMARKS.md).
-        return ReadCacheMiddleware(
+        # Only authentication comes before them.
+        cached = ReadCacheMiddleware(
             super().build_middleware_stack(), self.state.read_cache, self.state.latency
         )
+        return AuthMiddleware(cached, self.state.tokens)
 
 
 # How late the sweep may wake before the server counts itself as stalled.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -48,6 +48,24 @@ class ServerSettings(BaseSettings):
         description="Log every request (off by default: at dashboard polling rates the "
         "log lines cost the server more CPU than answering; /metrics has request latency)",
     )
+
+    admin_token: SecretStr | None = Field(
+        None, description="Bearer token of the admin role (everything people can do)"
+    )
+    user_token: SecretStr | None = Field(
+        None, description="Bearer token for people and scripts: submit, cancel, read"
+    )
+    read_token: SecretStr | None = Field(None, description="Bearer token for dashboards: read only")
+    worker_token: SecretStr | None = Field(
+        None, description="Bearer token worker daemons present: the node protocol only"
+    )
+
+    @property
+    def tokens_configured(self) -> bool:
+        return any(
+            t is not None and t.get_secret_value()
+            for t in (self.admin_token, self.user_token, self.read_token, self.worker_token)
+        )
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:

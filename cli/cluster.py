@@ -85,6 +85,9 @@ class LocalCluster:
     extra_env: dict[str, str] = field(default_factory=dict)
     worker_args: list[str] = field(default_factory=list)
     server_env: dict[str, str] = field(default_factory=dict)
+    # What the cluster presents for its own reads (the nodes' states), when
+    # the server has tokens.
+    token: str | None = None
     server: ManagedProcess | None = None
     worker_processes: list[ManagedProcess] = field(default_factory=list)
 
@@ -171,8 +174,10 @@ class LocalCluster:
         return worker
 
     def wait_for_nodes(self, count: int, timeout_s: float = 60.0) -> None:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+
         def enough() -> bool:
-            nodes = httpx.get(f"{self.url}/nodes", timeout=5).json()
+            nodes = httpx.get(f"{self.url}/nodes", timeout=5, headers=headers).json()
             return sum(1 for n in nodes if n["state"] == "live") >= count
 
         self._wait(enough, timeout_s, f"{count} live node(s)", None)

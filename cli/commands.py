@@ -30,7 +30,13 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def client_for(args: argparse.Namespace) -> httpx.Client:
-    return httpx.Client(base_url=args.server, timeout=30)
+    """A client of the server, presenting $DDPO_TOKEN if set."""
+    token = os.environ.get("DDPO_TOKEN")
+    return httpx.Client(
+        base_url=args.server,
+        timeout=30,
+        headers={"Authorization": f"Bearer {token}"} if token else None,
+    )
 
 
 def _get(client: httpx.Client, path: str, **params: Any) -> Any:

@@ -12,6 +12,7 @@ import httpx
 
 from api.schemas import StudyPublic
 from cli import render
+from cli.commands import client_for
 from cli.jobs import add_spec_arguments, spec_from_args
 
 
@@ -82,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with httpx.Client(base_url=args.server, timeout=30) as client:
+    with client_for(args) as client:
         study = run_study(client, study_request(args))
     print(render.study_table(study))
     return 0 if study.status.value == "succeeded" else 1

@@ -41,9 +41,13 @@ class Refused(RuntimeError):
 
 
 class ServerClient:
-    def __init__(self, base_url: str, timeout_s: float) -> None:
+    def __init__(self, base_url: str, timeout_s: float, token: str | None = None) -> None:
         self._timeout_s = timeout_s
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s)
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            timeout=timeout_s,
+            headers={"Authorization": f"Bearer {token}"} if token else None,
+        )
 
     def close(self) -> None:
         self._http.close()

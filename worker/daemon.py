@@ -54,7 +54,11 @@ def count_gpus() -> int:
 class Worker:
     def __init__(self, settings: WorkerSettings, client: ServerClient | None = None) -> None:
         self.settings = settings
-        self.client = client or ServerClient(settings.server_url, settings.request_timeout_s)
+        self.client = client or ServerClient(
+            settings.server_url,
+            settings.request_timeout_s,
+            settings.token.get_secret_value() if settings.token else None,
+        )
         self.node_id: int | None = None
         self.parts: dict[int, PartProcess] = {}
         self._exit_requested = False

@@ -6,7 +6,7 @@ import re
 import socket
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from api.schemas import NAME_PATTERN
@@ -52,6 +52,9 @@ class WorkerSettings(BaseSettings):
         300.0, gt=0, description="torch.distributed timeout for rendezvous and collectives"
     )
     request_timeout_s: float = Field(30.0, gt=0)
+    token: SecretStr | None = Field(
+        None, description="Bearer token to present: the server's DDPO_WORKER_TOKEN"
+    )
     prewarm: bool = Field(
         True,
         description="Fork launchers from a process that imported torch once (saves seconds a job)",
