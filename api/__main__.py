@@ -18,6 +18,9 @@ def main(argv: list[str] | None = None) -> None:
         prog="ddpo-server",
         description="Run the ddpo REST server. Every flag has an environment "
         "variable (shown in brackets); flags win.",
+        epilog="Tokens come from the environment only (a flag would show in ps): "
+        "DDPO_ADMIN_TOKEN, DDPO_USER_TOKEN, DDPO_READ_TOKEN, DDPO_WORKER_TOKEN. With none "
+        "set, the server answers anyone and refuses to bind a non-loopback address.",
     )
     parser.add_argument("--host", help="address to bind [DDPO_HOST, default 127.0.0.1]")
     parser.add_argument("--port", type=int, help="port to bind [DDPO_PORT, default 8000]")
