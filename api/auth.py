@@ -162,7 +162,6 @@ class AuthMiddleware:
         elif role not in allowed:
             await _refuse(send, 403, f"the {role.value} role may not do this")
         else:
-            scope["ddpo.role"] = role
             await self.app(scope, receive, send)
 
 

@@ -704,11 +704,7 @@ def _requeue(session: Session, job: Job, now: datetime, settings: ServerSettings
     restarts_done = job.attempt_count - 1
     wait = backoff_seconds(restarts_done, settings.retry_backoff_s, settings.retry_backoff_max_s)
     error = job.error or {}
-    attempt = queries.get_attempt(session=session, attempt_id=job.current_attempt_id or 0)
-    if attempt is not None:
-        attempt.error = job.error
-        attempt.finished_at = now
-    job.status = move_job(JobStatus(job.status), JobStatus.QUEUED).value
+    _set_job_status(session, job, JobStatus.QUEUED, now)  # keeps the error on the attempt
     job.not_before = now + timedelta(seconds=wait)
     job.pending_reason = (
         f"restart {restarts_done + 1} of {spec.max_restarts} after {error.get('reason')}"
@@ -765,11 +761,13 @@ def _set_job_status(session: Session, job: Job, new: JobStatus, now: datetime) -
         job.finished_at = now
         job.pending_reason = None
         job.not_before = None
-        if job.current_attempt_id is not None:
-            attempt = queries.get_attempt(session=session, attempt_id=job.current_attempt_id)
-            if attempt is not None and attempt.finished_at is None:
-                attempt.finished_at = now
-                attempt.error = job.error if new is JobStatus.FAILED else None
+    if (new.is_terminal() or new is JobStatus.QUEUED) and job.current_attempt_id is not None:
+        # The current attempt is over: the job ended, or gave it up to retry.
+        attempt = queries.get_attempt(session=session, attempt_id=job.current_attempt_id)
+        if attempt is not None and attempt.finished_at is None:
+            attempt.finished_at = now
+            failed = new in (JobStatus.FAILED, JobStatus.QUEUED)
+            attempt.error = job.error if failed else None
     log.info("job %d: %s", job.id, new.value)
 
 

@@ -96,9 +96,9 @@ def cached_json(
 
 
 class ReadCacheMiddleware:
-    """The outermost layer: a hit skips even the error and latency
-    middleware (together they cost as much as the hit), so it times itself
-    into the same latency histogram."""
+    """Outermost but for authentication: a hit skips even the error and
+    latency middleware (together they cost as much as the hit), so it times
+    itself into the same latency histogram."""
 
     def __init__(self, app: ASGIApp, cache: ReadCache, latency: Histogram) -> None:
         self.app = app

@@ -41,7 +41,10 @@ class _Strict(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _json_types_as_documented(cls, value: Any, info: ValidationInfo) -> Any:
-        if info.field_name is not None:
+        # Strings, objects and nulls are pydantic's to judge; only numbers,
+        # booleans and arrays can be the wrong JSON type here. (Specs read
+        # back from the database go through this too: keep it cheap.)
+        if info.field_name is not None and not isinstance(value, str | dict | None):
             wanted = cls.model_fields[info.field_name].annotation
             if not _fits(wanted, value):
                 raise ValueError(f"{_kind(value)} where the schema wants {_name(wanted)}")

@@ -1,10 +1,15 @@
-"""Does watching a job slow it down? The default one-epoch job alone, with
-50 clients polling GET /jobs/{id} once a second, and with 50 dashboard job
-pages open on it (each: the job once a second, its metrics and last 100 log
-lines every third second, as api/dashboard/app.js does), alternating,
-through one local server and worker.
+"""Does watching a job slow it down? The default one-epoch job, watched by
+50 clients polling GET /jobs/{id} once a second, or by 50 dashboard job
+pages (each: the job once a second, its metrics and last 100 log lines
+every third second, as api/dashboard/app.js does), through one local server
+and worker.
 
-    python -m bench.dashboard_load --data-dir ../shared/data --rounds 3
+    python -m bench.dashboard_load --data-dir ../shared/data --rounds 8
+
+Within each run the dashboards poll in alternate windows and are silent in
+between (see ``Dashboards``); rank 0's progress reports give the training's
+speed in each, so polled and quiet spans are compared seconds apart, in the
+same run, and the machine's drift between runs does not swamp the effect.
 
 The dashboards are minimal keep-alive HTTP clients in a thread of this
 process under SCHED_IDLE (they stand for browsers on other machines), so
