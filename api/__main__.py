@@ -19,8 +19,10 @@ def main(argv: list[str] | None = None) -> None:
         description="Run the ddpo REST server. Every flag has an environment "
         "variable (shown in brackets); flags win.",
         epilog="Tokens come from the environment only (a flag would show in ps): "
-        "DDPO_ADMIN_TOKEN, DDPO_USER_TOKEN, DDPO_READ_TOKEN, DDPO_WORKER_TOKEN. With none "
-        "set, the server answers anyone and refuses to bind a non-loopback address.",
+        "DDPO_ADMIN_TOKEN, DDPO_USER_TOKEN, DDPO_READ_TOKEN, DDPO_JOIN_TOKEN (workers join "
+        "with it and get a credential of their own node). With none set, the server answers "
+        "anyone and refuses to bind a non-loopback address. DDPO_CORS_ORIGINS opens the API "
+        "to pages of other origins; DDPO_MAX_BODY_KB caps request bodies.",
     )
     parser.add_argument("--host", help="address to bind [DDPO_HOST, default 127.0.0.1]")
     parser.add_argument("--port", type=int, help="port to bind [DDPO_PORT, default 8000]")
@@ -47,8 +49,12 @@ def main(argv: list[str] | None = None) -> None:
             2,
             f"ddpo-server: refusing to serve on {settings.host}, which is not a loopback "
             "address, without tokens: anyone who reaches it could run jobs on every node. "
-            "Set DDPO_ADMIN_TOKEN (or DDPO_USER_TOKEN) and DDPO_WORKER_TOKEN, or bind "
+            "Set DDPO_ADMIN_TOKEN (or DDPO_USER_TOKEN) and DDPO_JOIN_TOKEN, or bind "
             "127.0.0.1.\n",
+        )
+    if settings.tokens_configured and settings.join_token is None:
+        logging.getLogger("ddpo-server").warning(
+            "tokens are set but DDPO_JOIN_TOKEN is not: no new worker can join"
         )
     if settings.nice:
         os.nice(settings.nice)

@@ -1,7 +1,13 @@
 """Who may call what. Bearer tokens, one per role, configured on the server
 (``DDPO_ADMIN_TOKEN``, ``DDPO_USER_TOKEN``, ``DDPO_READ_TOKEN``,
-``DDPO_WORKER_TOKEN``), kept only as SHA-256 digests and compared in
+``DDPO_JOIN_TOKEN``), kept only as SHA-256 digests and compared in
 constant time.
+
+Worker daemons hold two secrets. The join token lets a machine register a
+new node, nothing else. Registering gives it a credential of its own, bound
+to that node (the server keeps its digest in the node's row): with it the
+daemon polls, heartbeats and reports for its own node and its own parts
+only, and an admin can revoke it without touching any other node.
 
 Every route has a rule in :data:`RULES`; the auth-matrix test builds its
 table from the app's own route list, so a new route without a rule fails it.
@@ -18,7 +24,10 @@ import hashlib
 import json
 import re
 import secrets
+import threading
+from dataclasses import dataclass
 
+from fastapi import HTTPException
 from pydantic import SecretStr
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -27,13 +36,23 @@ class Role(str, enum.Enum):
     ADMIN = "admin"
     USER = "user"  # people and scripts: submit, cancel, read
     READER = "reader"  # dashboards: read only
-    WORKER = "worker"  # worker daemons: the node protocol
+    JOIN = "join"  # a machine joining as a new node: registration only
+    NODE = "node"  # one node's own credential: the node protocol, for that node
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request: a role, and for a node credential, which node."""
+
+    role: Role
+    node_id: int | None = None
 
 
 PUBLIC: frozenset[Role] = frozenset()  # no token needed
 READ = frozenset({Role.ADMIN, Role.USER, Role.READER})
 WRITE = frozenset({Role.ADMIN, Role.USER})
-NODE = frozenset({Role.WORKER})
+NODE = frozenset({Role.NODE})
+ADMIN = frozenset({Role.ADMIN})
 
 # (method, route template) -> the roles allowed; PUBLIC: anyone. HEAD is
 # GET's. The dashboard's pages and the API reference carry no data.
@@ -54,14 +73,16 @@ RULES: dict[tuple[str, str], frozenset[Role]] = {
     ("POST", "/jobs/{job_id}/cancel"): WRITE,
     ("GET", "/jobs/{job_id}/metrics"): READ,
     ("GET", "/jobs/{job_id}/logs"): READ,
-    # Workers fetch the checkpoint a retry resumes from.
+    # Workers fetch the checkpoint a retry resumes from (of their own jobs).
     ("GET", "/jobs/{job_id}/model"): READ | NODE,
     ("POST", "/studies"): WRITE,
     ("GET", "/studies"): READ,
     ("GET", "/studies/{study_id}"): READ,
     ("POST", "/studies/{study_id}/cancel"): WRITE,
     ("GET", "/nodes"): READ,
-    ("POST", "/nodes/register"): NODE,
+    # A new node joins; a known one registers again with its own credential.
+    ("POST", "/nodes/register"): NODE | {Role.JOIN},
+    ("POST", "/nodes/{node_id}/revoke"): ADMIN,
     ("POST", "/nodes/{node_id}/poll"): NODE,
     ("POST", "/parts/{part_id}/started"): NODE,
     ("POST", "/parts/{part_id}/rendezvous"): NODE,
@@ -72,37 +93,88 @@ RULES: dict[tuple[str, str], frozenset[Role]] = {
 }
 
 
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_node_credential() -> tuple[str, str]:
+    """A fresh node credential and the digest the server keeps of it."""
+    credential = f"ddpo-node-{secrets.token_urlsafe(32)}"
+    return credential, digest(credential)
+
+
+class NodeCredentials:
+    """Every node's credential digest, in memory: the middleware looks
+    callers up here without waiting for the database (which holds the same
+    digests and fills this at startup).
+
+    Looked up by digest, as a dict key: the credentials are 256 random bits,
+    so what a lookup's timing could tell about a digest helps no one find a
+    credential.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._node_by_digest: dict[str, int] = {}
+
+    def load(self, pairs: list[tuple[int, str]]) -> None:
+        with self._lock:
+            self._node_by_digest = {hexdigest: node_id for node_id, hexdigest in pairs}
+
+    def bind(self, node_id: int, hexdigest: str) -> None:
+        """The node's credential is now this one (any older one stops working)."""
+        with self._lock:
+            self._forget(node_id)
+            self._node_by_digest[hexdigest] = node_id
+
+    def revoke(self, node_id: int) -> None:
+        with self._lock:
+            self._forget(node_id)
+
+    def _forget(self, node_id: int) -> None:
+        for hexdigest in [d for d, n in self._node_by_digest.items() if n == node_id]:
+            del self._node_by_digest[hexdigest]
+
+    def node_of(self, hexdigest: str) -> int | None:
+        with self._lock:
+            return self._node_by_digest.get(hexdigest)
 
 
 class TokenBook:
-    """The configured tokens' digests, by role."""
+    """The configured role tokens' digests, and the nodes' credentials."""
 
-    def __init__(self, tokens: dict[Role, SecretStr | None]) -> None:
+    def __init__(
+        self, tokens: dict[Role, SecretStr | None], nodes: NodeCredentials | None = None
+    ) -> None:
         self._digests = [
-            (role, _digest(token.get_secret_value()))
+            (role, bytes.fromhex(digest(token.get_secret_value())))
             for role, token in tokens.items()
             if token is not None and token.get_secret_value()
         ]
+        self.nodes = nodes or NodeCredentials()
 
     @property
     def enabled(self) -> bool:
+        """Whether tokens are checked at all: only with role tokens configured
+        (node credentials are handed out either way)."""
         return bool(self._digests)
 
-    def role_of(self, authorization: str | None) -> Role | None:
-        """The role a ``Bearer`` header's token has, if any. Every digest is
-        compared, so the time taken says nothing about which one matched."""
+    def caller_of(self, authorization: str | None) -> Caller | None:
+        """Who a ``Bearer`` header's token belongs to, if anyone. Every role
+        digest is compared, so the time taken says nothing about which one
+        matched."""
         if not authorization:
             return None
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return None
-        presented = _digest(token.strip())
+        presented = digest(token.strip())
         found = None
-        for role, digest in self._digests:
-            if secrets.compare_digest(presented, digest):
-                found = role
+        for role, role_digest in self._digests:
+            if secrets.compare_digest(bytes.fromhex(presented), role_digest):
+                found = Caller(role)
+        if found is None and (node_id := self.nodes.node_of(presented)) is not None:
+            found = Caller(Role.NODE, node_id)
         return found
 
 
@@ -156,13 +228,34 @@ class AuthMiddleware:
             return
         headers = dict(scope["headers"])
         authorization = headers.get(b"authorization", b"").decode("latin-1")
-        role = self.book.role_of(authorization)
-        if role is None:
+        caller = self.book.caller_of(authorization)
+        if caller is None:
             await _refuse(send, 401, "a valid bearer token is needed (Authorization: Bearer ...)")
-        elif role not in allowed:
-            await _refuse(send, 403, f"the {role.value} role may not do this")
+        elif caller.role not in allowed:
+            await _refuse(send, 403, f"the {caller.role.value} role may not do this")
         else:
+            # Routes bound to a node check the node they act for against it.
+            scope.setdefault("state", {})[CALLER] = caller
             await self.app(scope, receive, send)
+
+
+# The request-state key the authenticated caller is kept under.
+CALLER = "ddpo_caller"
+
+
+def caller_node(state: dict[str, object]) -> int | None:
+    """The node a request's credential belongs to; None for any other caller,
+    and when the server checks no tokens."""
+    caller = state.get(CALLER)
+    return caller.node_id if isinstance(caller, Caller) else None
+
+
+def acting_for(own: int | None, node_id: int) -> None:
+    """Refuse a node credential (``own``) acting for another node: 403."""
+    if own is not None and own != node_id:
+        raise HTTPException(
+            403, f"node_id: this credential is node {own}'s; it cannot act for node {node_id}"
+        )
 
 
 async def _refuse(send: Send, status: int, detail: str) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import HTTPException
 from sqlmodel import Session
 
+from api.auth import NodeCredentials, new_node_credential
 from api.lifecycle import (
     JobStatus,
     NodeState,
@@ -56,9 +57,12 @@ log = logging.getLogger(__name__)
 class Coordinator:
     """The server's decisions, bound to its database and settings."""
 
-    def __init__(self, db: Database, settings: ServerSettings) -> None:
+    def __init__(
+        self, db: Database, settings: ServerSettings, credentials: NodeCredentials
+    ) -> None:
         self.db = db
         self.settings = settings
+        self.credentials = credentials
         self._started = time.monotonic()
         # node id -> when a request from it last arrived (monotonic). Any
         # request proves a node alive, and it is noted before the request
@@ -148,18 +152,30 @@ class Coordinator:
 
     # --- nodes ----------------------------------------------------------------
 
-    def register_node(self, registration: NodeRegistration) -> int:
-        """Create the node, or take it back under the same name after a restart.
+    def register_node(
+        self, registration: NodeRegistration, caller_node: int | None, enforce: bool
+    ) -> tuple[int, str | None]:
+        """Create the node, or take it back under the same name after a
+        restart. Returns its id and, unless the caller presented the node's
+        own credential, a new credential for it (shown this once).
+
+        With tokens enforced, a known name is taken back only with that
+        node's credential: the join token makes new nodes, it cannot take
+        over a running one. A revoked node's name stays retired either way.
 
         A restarted worker has no processes left, so whatever parts the
         server still thought it ran are lost.
         """
         now = utcnow()
+        credential = None
         with self.db.write() as session:
             node = queries.get_node_by_name(session=session, name=registration.name)
+            _check_may_register(node, registration.name, caller_node, enforce)
             if node is None:
                 node = Node(name=registration.name, address=registration.address)
                 session.add(node)
+            if caller_node is None or node.id != caller_node:
+                credential, node.credential_digest = new_node_credential()
             node.address = registration.address
             node.slots = registration.slots
             node.gpus = registration.gpus
@@ -169,6 +185,7 @@ class Coordinator:
             node.last_heartbeat_at = now
             session.flush()
             assert node.id is not None
+            node_id, new_digest = node.id, node.credential_digest
             orphaned = queries.active_parts_on_nodes(session=session, node_ids=[node.id])
             _lose_parts(session, orphaned, {node.id: node}, "worker_restarted", now, self.settings)
             self._schedule(session)
@@ -180,7 +197,34 @@ class Coordinator:
                 node.slots,
                 node.gpus,
             )
-            return node.id
+        if credential is not None and new_digest is not None:
+            self.credentials.bind(node_id, new_digest)  # once committed
+        return node_id, credential
+
+    def revoke_node(self, node_id: int) -> None:
+        """Refuse the node's credential from now on, retire its name, and
+        take its parts back (their jobs restart elsewhere if they may)."""
+        now = utcnow()
+        with self.db.write() as session:
+            node = queries.get_node(session=session, node_id=node_id)
+            if node is None:
+                raise HTTPException(404, f"node {node_id} not found")
+            if node.state != NodeState.REVOKED.value:
+                node.state = NodeState.REVOKED.value
+                node.credential_digest = None
+                parts = queries.active_parts_on_nodes(session=session, node_ids=[node_id])
+                _lose_parts(session, parts, {node_id: node}, "node_revoked", now, self.settings)
+                self._schedule(session)
+                log.warning("node %d (%s) revoked", node_id, node.name)
+        self.credentials.revoke(node_id)
+
+    def node_holds_job(self, node_id: int, job_id: int) -> bool:
+        """Whether the node runs (or is about to run) a part of the job."""
+        with self.db.read() as session:
+            return any(
+                p.job_id == job_id
+                for p in queries.active_parts_on_nodes(session=session, node_ids=[node_id])
+            )
 
     def poll_node(
         self, node_id: int, active_part_ids: list[int], waiting_for_port: list[int]
@@ -192,6 +236,8 @@ class Coordinator:
             node = queries.get_node(session=session, node_id=node_id)
             if node is None:
                 raise HTTPException(404, f"node {node_id} not found; register again")
+            if node.state == NodeState.REVOKED.value:
+                raise HTTPException(403, f"node {node_id} was revoked by an admin")
             node.last_heartbeat_at = utcnow()
             if node.state != NodeState.LIVE.value:
                 log.warning("node %d (%s) is back after being lost", node_id, node.name)
@@ -584,6 +630,30 @@ def _cancel(session: Session, job: Job, now: datetime, settings: ServerSettings)
     log.info("job %d: cancel requested (was %s)", job.id, status.value)
 
 
+def _check_may_register(
+    node: Node | None, name: str, caller_node: int | None, enforce: bool
+) -> None:
+    if node is not None and node.state == NodeState.REVOKED.value:
+        raise HTTPException(
+            403,
+            f"name: node {name!r} (id {node.id}) was revoked by an admin; "
+            "a machine may join again only under a new name",
+        )
+    if not enforce:
+        return
+    if caller_node is not None and (node is None or node.id != caller_node):
+        raise HTTPException(
+            403, f"name: this credential is node {caller_node}'s; it cannot register as {name!r}"
+        )
+    if caller_node is None and node is not None:
+        raise HTTPException(
+            409,
+            f"name: {name!r} is node {node.id}; only the worker holding that node's "
+            "credential (its credential file) registers under it again. If the file is "
+            f"lost, an admin revokes node {node.id} and the machine joins under a new name",
+        )
+
+
 def _job_or_404(session: Session, job_id: int, *, for_update: bool = False) -> Job:
     job = queries.get_job(session=session, job_id=job_id, for_update=for_update)
     if job is None:
@@ -644,7 +714,9 @@ def _lose_parts(
     now: datetime,
     settings: ServerSettings,
 ) -> None:
-    what = "stopped heartbeating" if reason == "node_lost" else "restarted"
+    what = {"node_lost": "stopped heartbeating", "node_revoked": "was revoked"}.get(
+        reason, "restarted"
+    )
     for part in parts:
         part.status = move_part(PartStatus(part.status), PartStatus.LOST).value
         part.finished_at = now

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
+from api.auth import caller_node
 from api.coordinator import Coordinator
 from api.notifier import Notifier
 from api.read_cache import ReadCache
@@ -39,11 +40,17 @@ def get_settings(request: Request) -> ServerSettings:
     return settings
 
 
+def get_caller_node(request: Request) -> int | None:
+    """The node whose credential sent the request (None: not a node's)."""
+    return caller_node(request.scope.get("state", {}))
+
+
 CoordinatorDep = Annotated[Coordinator, Depends(get_coordinator)]
 DatabaseDep = Annotated[Database, Depends(get_db)]
 NotifierDep = Annotated[Notifier, Depends(get_notifier)]
 SettingsDep = Annotated[ServerSettings, Depends(get_settings)]
 ReadCacheDep = Annotated[ReadCache, Depends(get_read_cache)]
+CallerNodeDep = Annotated[int | None, Depends(get_caller_node)]
 
 JobId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]
 NodeId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]

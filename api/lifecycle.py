@@ -60,6 +60,7 @@ class PartStatus(str, Enum):
 class NodeState(str, Enum):
     LIVE = "live"
     LOST = "lost"
+    REVOKED = "revoked"  # by an admin: its credential is refused, its name retired
 
 
 _TERMINAL_JOB = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
@@ -146,6 +147,7 @@ def settle_job(current: JobStatus, parts: Iterable[PartStatus]) -> JobStatus:
 RETRYABLE_REASONS = frozenset(
     {
         "node_lost",  # the node stopped heartbeating
+        "node_revoked",  # an admin revoked the node's credential
         "worker_restarted",  # its daemon came back without its processes
         "worker_shutdown",  # its daemon was stopped while the part ran
         "launcher_died",  # the process holding the ranks was killed

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp
 
-from api.auth import AuthMiddleware, Role, TokenBook
+from api.auth import AuthMiddleware, NodeCredentials, Role, TokenBook
 from api.coordinator import Coordinator
 from api.lifecycle import IllegalTransition
 from api.monitoring import LatencyMiddleware, make_registry
@@ -23,6 +23,7 @@ from api.notifier import Notifier
 from api.read_cache import ReadCache, ReadCacheMiddleware
 from api.routes import dashboard, health, jobs, nodes, parts, prometheus, studies
 from api.settings import ServerSettings
+from db import queries
 from db.engine import Database
 
 log = logging.getLogger(__name__)
@@ -32,11 +33,14 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     settings = settings or ServerSettings()
     db = Database(settings.database_url)
     notifier = Notifier()
-    coordinator = Coordinator(db, settings)
+    credentials = NodeCredentials()
+    coordinator = Coordinator(db, settings, credentials)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db.create_all()
+        with db.read() as session:
+            credentials.load(queries.node_credentials(session=session))
         notifier.bind(asyncio.get_running_loop())
         sweeper = asyncio.create_task(_sweep_forever(coordinator, notifier, settings))
         log.info("serving with database %s", _redacted(settings.database_url))
@@ -64,8 +68,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             Role.ADMIN: settings.admin_token,
             Role.USER: settings.user_token,
             Role.READER: settings.read_token,
-            Role.WORKER: settings.worker_token,
-        }
+            Role.JOIN: settings.join_token,
+        },
+        credentials,
     )
     app.state.registry, app.state.latency = make_registry(db)
     app.add_middleware(LatencyMiddleware, latency=app.state.latency)

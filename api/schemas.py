@@ -439,6 +439,11 @@ class NodeRegistration(_Strict):
 
 class NodeRegistered(BaseModel):
     node_id: int
+    credential: str | None = Field(
+        None,
+        description="The node's own bearer token for everything after registering, shown "
+        "only here. None: the caller presented the node's credential; it stays valid",
+    )
     heartbeat_timeout_s: float
     poll_wait_s: float
 

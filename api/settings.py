@@ -56,15 +56,17 @@ class ServerSettings(BaseSettings):
         None, description="Bearer token for people and scripts: submit, cancel, read"
     )
     read_token: SecretStr | None = Field(None, description="Bearer token for dashboards: read only")
-    worker_token: SecretStr | None = Field(
-        None, description="Bearer token worker daemons present: the node protocol only"
+    join_token: SecretStr | None = Field(
+        None,
+        description="Bearer token a machine presents to join as a new node (registration "
+        "only: each node then gets a credential of its own)",
     )
 
     @property
     def tokens_configured(self) -> bool:
         return any(
             t is not None and t.get_secret_value()
-            for t in (self.admin_token, self.user_token, self.read_token, self.worker_token)
+            for t in (self.admin_token, self.user_token, self.read_token, self.join_token)
         )
 
     @model_validator(mode="after")

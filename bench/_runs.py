@@ -106,7 +106,7 @@ def local_cluster(data_dir: Path) -> Iterator[tuple[LocalCluster, httpx.Client]]
     with (
         tempfile.TemporaryDirectory(prefix="ddpo-bench-") as tmp,
         LocalCluster(state_dir=Path(tmp), data_dir=data_dir, workers=1) as cluster,
-        httpx.Client(base_url=cluster.url, timeout=30) as client,
+        cluster.client() as client,
     ):
         yield cluster, client
 

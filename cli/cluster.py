@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -72,6 +73,40 @@ def _spawn(
 SERVER_NICE = 10
 
 
+@dataclass(frozen=True)
+class ClusterTokens:
+    """The tokens a local cluster's server accepts, one per role."""
+
+    admin: str
+    user: str
+    read: str
+    join: str
+
+    @classmethod
+    def generate(cls) -> ClusterTokens:
+        return cls(*(secrets.token_urlsafe(32) for _ in range(4)))
+
+    def server_env(self) -> dict[str, str]:
+        return {
+            "DDPO_ADMIN_TOKEN": self.admin,
+            "DDPO_USER_TOKEN": self.user,
+            "DDPO_READ_TOKEN": self.read,
+            "DDPO_JOIN_TOKEN": self.join,
+        }
+
+    def write_env_file(self, path: Path, url: str) -> None:
+        """A file to ``source``: the CLI's DDPO_TOKEN and server, and every
+        role's token. Readable by its owner only."""
+        lines = [
+            f"export DDPO_SERVER={url}",
+            f"export DDPO_TOKEN={self.user}",
+            *(f"export {name}={value}" for name, value in self.server_env().items()),
+        ]
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write("\n".join(lines) + "\n")
+
+
 @dataclass
 class LocalCluster:
     """Start with :meth:`start`, or use as a context manager; :meth:`stop`
@@ -85,9 +120,10 @@ class LocalCluster:
     extra_env: dict[str, str] = field(default_factory=dict)
     worker_args: list[str] = field(default_factory=list)
     server_env: dict[str, str] = field(default_factory=dict)
-    # What the cluster presents for its own reads (the nodes' states), when
-    # the server has tokens.
-    token: str | None = None
+    # Tokens on, as on any server: made at start unless given. False: an
+    # open server (loopback only), for comparing with one.
+    secure: bool = True
+    tokens: ClusterTokens | None = None
     server: ManagedProcess | None = None
     worker_processes: list[ManagedProcess] = field(default_factory=list)
 
@@ -98,6 +134,26 @@ class LocalCluster:
     @property
     def database_path(self) -> Path:
         return self.state_dir / "ddpo.db"
+
+    @property
+    def tokens_file(self) -> Path:
+        return self.state_dir / "tokens.env"
+
+    def headers(self, role: str = "user") -> dict[str, str]:
+        """What a caller of this role sends: ``admin``, ``user``, ``read``."""
+        if self.tokens is None:
+            return {}
+        return {"Authorization": f"Bearer {getattr(self.tokens, role)}"}
+
+    def cli_env(self) -> dict[str, str]:
+        """What the ``ddpo`` CLI needs in its environment to use this cluster."""
+        return {
+            "DDPO_SERVER": self.url,
+            **({"DDPO_TOKEN": self.tokens.user} if self.tokens else {}),
+        }
+
+    def client(self, role: str = "user", timeout_s: float = 30) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=timeout_s, headers=self.headers(role))
 
     def __enter__(self) -> LocalCluster:
         self.start()
@@ -110,6 +166,10 @@ class LocalCluster:
         self.state_dir = self.state_dir.resolve()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
+        if self.secure and self.tokens is None:
+            self.tokens = ClusterTokens.generate()
+        if self.tokens is not None:
+            self.tokens.write_env_file(self.tokens_file, self.url)
         try:
             self.start_server(timeout_s)
             for index in range(self.workers):
@@ -127,6 +187,7 @@ class LocalCluster:
             # yields the cores, so that being watched costs the training as
             # little as it can (BENCHMARKS.md, "50 dashboards").
             "DDPO_NICE": str(SERVER_NICE),
+            **(self.tokens.server_env() if self.tokens else {}),
             **self.server_env,
         }
         self.server = _spawn(
@@ -167,17 +228,15 @@ class LocalCluster:
                 *extra_args,
             ],
             self.state_dir / f"{name}.log",
-            self.extra_env,
+            {**self.extra_env, **({"DDPO_JOIN_TOKEN": self.tokens.join} if self.tokens else {})},
             self.state_dir,
         )
         self.worker_processes.append(worker)
         return worker
 
     def wait_for_nodes(self, count: int, timeout_s: float = 60.0) -> None:
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
-
         def enough() -> bool:
-            nodes = httpx.get(f"{self.url}/nodes", timeout=5, headers=headers).json()
+            nodes = httpx.get(f"{self.url}/nodes", timeout=5, headers=self.headers("read")).json()
             return sum(1 for n in nodes if n["state"] == "live") >= count
 
         self._wait(enough, timeout_s, f"{count} live node(s)", None)

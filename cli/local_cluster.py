@@ -9,8 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
 from cli import render
 from cli.cluster import LocalCluster
 from cli.jobs import add_spec_arguments, follow, spec_from_args, submit
@@ -54,14 +52,16 @@ def run(args: argparse.Namespace) -> int:
     with cluster:
         print(f"server at {cluster.url}, dashboard at {cluster.url}/ui/jobs", flush=True)
         print(f"database, logs and run directories in {cluster.state_dir}", flush=True)
-        with httpx.Client(base_url=cluster.url, timeout=30) as client:
+        print(how_to_use_tokens(cluster), flush=True)
+        with cluster.client() as client:
             if args.study:
                 study = run_study(client, study_request(args))
                 print(render.study_table(study))
                 return 0 if study.status.value == "succeeded" else 1
             job = submit(client, spec_from_args(args))
             print(
-                f"submitted job {job.id}; follow it with: curl {cluster.url}/jobs/{job.id}",
+                f"submitted job {job.id}; follow it with: "
+                f'curl -H "Authorization: Bearer $DDPO_TOKEN" {cluster.url}/jobs/{job.id}',
                 flush=True,
             )
             try:
@@ -73,6 +73,20 @@ def run(args: argparse.Namespace) -> int:
         print(render.summary(job))
         print(f"wall time, cluster start to job end: {time.monotonic() - started:.1f} s")
     return 0 if job.status.value == "succeeded" else 1
+
+
+def how_to_use_tokens(cluster: LocalCluster) -> str:
+    """Where this run's tokens are and how to present them; the tokens
+    themselves stay out of the terminal (and of anything that records it)."""
+    tokens = cluster.tokens_file
+    return "\n".join(
+        [
+            f"this run's tokens are in {tokens} (only you can read it); to use them:",
+            f"  source {tokens}    # DDPO_SERVER and DDPO_TOKEN for ddpo submit/list/show/cancel",
+            f'  curl -H "Authorization: Bearer $DDPO_TOKEN" {cluster.url}/jobs',
+            "  the dashboard asks once for a token: DDPO_READ_TOKEN (reads) or DDPO_TOKEN",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,6 +40,8 @@ class Node(SQLModel, table=True):
     cpus: int = 1
     trainers: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     state: str = Field(default="live", index=True)
+    # SHA-256 (hex) of the node's own credential; None once revoked.
+    credential_digest: str | None = Field(default=None, unique=True)
     registered_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     last_heartbeat_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 

@@ -231,6 +231,14 @@ def get_node_by_name(*, session: Session, name: str) -> Node | None:
     return session.exec(select(Node).where(Node.name == name)).first()
 
 
+def node_credentials(*, session: Session) -> list[tuple[int, str]]:
+    """(node id, credential digest) of every node that has one."""
+    statement = select(Node.id, Node.credential_digest).where(
+        col(Node.credential_digest).is_not(None)
+    )
+    return [(i, d) for i, d in session.exec(statement).all() if i is not None and d is not None]
+
+
 def list_nodes(*, session: Session) -> list[Node]:
     return list(session.exec(select(Node).order_by(col(Node.id))).all())
 

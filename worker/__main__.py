@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 from worker.daemon import Worker
 from worker.settings import WorkerSettings
@@ -57,6 +58,13 @@ def parse_settings(argv: list[str] | None = None) -> WorkerSettings:
         help="offer an extra installed trainer (repeatable) [DDPO_WORKER_TRAINERS, a JSON object]",
     )
     parser.add_argument("--log-level", default="INFO")
+    parser.epilog = (
+        "Secrets come from the environment only: DDPO_JOIN_TOKEN lets a new node join "
+        "(the server's own). The node's credential the server hands out is kept in "
+        "<work-dir>/node-credential [DDPO_WORKER_CREDENTIAL_FILE]; a restarted worker "
+        "takes its node back with it. Exits 3 if the server refuses the node for good "
+        "(revoked, name taken)."
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -77,7 +85,7 @@ def parse_settings(argv: list[str] | None = None) -> WorkerSettings:
 
 
 def main(argv: list[str] | None = None) -> None:
-    Worker(parse_settings(argv)).run()
+    sys.exit(Worker(parse_settings(argv)).run())
 
 
 if __name__ == "__main__":

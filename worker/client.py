@@ -40,24 +40,33 @@ class Refused(RuntimeError):
         self.status_code = status_code
 
 
+class CredentialRefused(Refused):
+    """401: the server does not know the token presented (a revoked node, or
+    a server with a new database)."""
+
+
 class ServerClient:
-    def __init__(self, base_url: str, timeout_s: float, token: str | None = None) -> None:
+    def __init__(self, base_url: str, timeout_s: float) -> None:
         self._timeout_s = timeout_s
-        self._http = httpx.Client(
-            base_url=base_url.rstrip("/"),
-            timeout=timeout_s,
-            headers={"Authorization": f"Bearer {token}"} if token else None,
-        )
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s)
+        # The node's own credential, presented on everything but joining.
+        self.credential: str | None = None
 
     def close(self) -> None:
         self._http.close()
 
-    def _post(self, path: str, body: BaseModel, *, extra_wait_s: float = 0.0) -> object:
+    def _auth(self, token: str | None = None) -> dict[str, str]:
+        token = token or self.credential
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _post(
+        self, path: str, body: BaseModel, *, extra_wait_s: float = 0.0, token: str | None = None
+    ) -> object:
         try:
             response = self._http.post(
                 path,
                 content=body.model_dump_json(),
-                headers={"content-type": "application/json"},
+                headers={"content-type": "application/json", **self._auth(token)},
                 # A long-poll is held open by the server on purpose.
                 timeout=self._timeout_s + extra_wait_s,
             )
@@ -69,14 +78,19 @@ class ServerClient:
     def _check(path: str, response: httpx.Response) -> object:
         if response.status_code >= 500:
             raise ServerUnavailable(f"{path}: {response.status_code} {response.text[:200]}")
+        if response.status_code == 401:
+            raise CredentialRefused(401, f"{path}: 401 {response.text[:500]}")
         if response.status_code >= 400:
             raise Refused(
                 response.status_code, f"{path}: {response.status_code} {response.text[:500]}"
             )
         return response.json()
 
-    def register(self, registration: NodeRegistration) -> NodeRegistered:
-        return NodeRegistered.model_validate(self._post("/nodes/register", registration))
+    def register(self, registration: NodeRegistration, token: str | None) -> NodeRegistered:
+        """Register presenting ``token``: the node's credential or the join token."""
+        return NodeRegistered.model_validate(
+            self._post("/nodes/register", registration, token=token)
+        )
 
     def poll(
         self,
@@ -113,7 +127,7 @@ class ServerClient:
                     f"/parts/{part_id}/checkpoint",
                     params={"node_id": node_id, "epoch": epoch},
                     content=body,
-                    headers={"content-type": "application/octet-stream"},
+                    headers={"content-type": "application/octet-stream", **self._auth()},
                     timeout=self._timeout_s * 10,
                 )
         except httpx.HTTPError as exc:
@@ -125,7 +139,7 @@ class ServerClient:
         partial = destination.with_name(destination.name + ".partial")
         try:
             with self._http.stream(
-                "GET", f"/jobs/{job_id}/model", timeout=self._timeout_s * 10
+                "GET", f"/jobs/{job_id}/model", timeout=self._timeout_s * 10, headers=self._auth()
             ) as response:
                 if response.status_code != 200:
                     response.read()

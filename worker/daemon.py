@@ -15,9 +15,15 @@ import subprocess
 import time
 from types import FrameType
 
-from api.schemas import Assignment, NodeRegistration, PartFinished
-from worker import runfiles, trainers
-from worker.client import NodeUnknown, Refused, ServerClient, ServerUnavailable
+from api.schemas import Assignment, NodeRegistered, NodeRegistration, PartFinished
+from worker import credentials, runfiles, trainers
+from worker.client import (
+    CredentialRefused,
+    NodeUnknown,
+    Refused,
+    ServerClient,
+    ServerUnavailable,
+)
 from worker.forkserver import ForkServer
 from worker.part import PartProcess, run_dir_for
 from worker.settings import WorkerSettings
@@ -33,6 +39,12 @@ FINISHING_CHECK_S = 0.1
 # Where a retried part keeps the checkpoint it resumes from, in its run directory.
 RESUME_FILE = "resume.pt"
 LOG_LINES_PER_REQUEST = 2000
+# The daemon's exit status when the server will not have this node.
+EXIT_REFUSED = 3
+
+
+class CannotJoin(RuntimeError):
+    """The server refused this node for good (revoked, name taken, bad token)."""
 
 
 def count_gpus() -> int:
@@ -54,11 +66,7 @@ def count_gpus() -> int:
 class Worker:
     def __init__(self, settings: WorkerSettings, client: ServerClient | None = None) -> None:
         self.settings = settings
-        self.client = client or ServerClient(
-            settings.server_url,
-            settings.request_timeout_s,
-            settings.token.get_secret_value() if settings.token else None,
-        )
+        self.client = client or ServerClient(settings.server_url, settings.request_timeout_s)
         self.node_id: int | None = None
         self.parts: dict[int, PartProcess] = {}
         self._exit_requested = False
@@ -69,7 +77,9 @@ class Worker:
 
     # --- lifecycle ------------------------------------------------------------
 
-    def run(self) -> None:
+    def run(self) -> int:
+        """Serve until asked to stop (0), or until the server refuses this
+        node for good (:data:`EXIT_REFUSED`)."""
         self._install_signal_handlers()
         try:
             while not self._exit_requested:
@@ -77,8 +87,12 @@ class Worker:
                     self._register()
                 else:
                     self._iteration()
+        except CannotJoin as exc:
+            log.error("the server refused this node: %s", exc)
+            return EXIT_REFUSED
         finally:
             self._shutdown()
+        return 0
 
     def request_exit(self, *_: object) -> None:
         self._exit_requested = True
@@ -110,7 +124,7 @@ class Worker:
             trainers=sorted(trainers.available(self.settings.trainers)),
         )
         try:
-            registered = self.client.register(registration)
+            registered = self._join(registration)
         except ServerUnavailable as exc:
             self._server_unavailable(exc)
             return
@@ -123,6 +137,39 @@ class Worker:
             registration.address,
             self.settings.server_url,
         )
+
+    def _join(self, registration: NodeRegistration) -> NodeRegistered:
+        """Register with the node's saved credential if this machine has one
+        (a restart takes its node back), else with the join token; keep the
+        credential the server hands out."""
+        path = self.settings.credential_path
+        saved = credentials.load(path)
+        registered = None
+        if saved is not None:
+            try:
+                registered = self.client.register(registration, saved)
+                self.client.credential = saved
+            except CredentialRefused:
+                log.warning(
+                    "the server does not know the credential in %s (revoked, or a new "
+                    "database); joining with the join token",
+                    path,
+                )
+            except Refused as exc:
+                raise CannotJoin(str(exc)) from None
+        if registered is None:
+            join = self.settings.join_token
+            try:
+                registered = self.client.register(
+                    registration, join.get_secret_value() if join else None
+                )
+            except Refused as exc:
+                hint = "" if join else " (DDPO_JOIN_TOKEN is not set)"
+                raise CannotJoin(f"{exc}{hint}") from None
+        if registered.credential is not None:
+            credentials.save(path, registered.credential)
+            self.client.credential = registered.credential
+        return registered
 
     def _prewarm(self) -> None:
         """Start the launcher fork server, or a new one if it died, while the
@@ -198,6 +245,12 @@ class Worker:
             log.warning("server no longer knows node %d; registering again", self.node_id)
             self.node_id = None
             return
+        except CredentialRefused:
+            log.warning("server refused node %d's credential; registering again", self.node_id)
+            self.node_id = None
+            return
+        except Refused as exc:
+            raise CannotJoin(str(exc)) from None
         except ServerUnavailable as exc:
             self._server_unavailable(exc)
             return

@@ -52,8 +52,15 @@ class WorkerSettings(BaseSettings):
         300.0, gt=0, description="torch.distributed timeout for rendezvous and collectives"
     )
     request_timeout_s: float = Field(30.0, gt=0)
-    token: SecretStr | None = Field(
-        None, description="Bearer token to present: the server's DDPO_WORKER_TOKEN"
+    join_token: SecretStr | None = Field(
+        None,
+        validation_alias=AliasChoices("DDPO_JOIN_TOKEN", "join_token"),
+        description="The server's DDPO_JOIN_TOKEN: lets this machine join as a new node",
+    )
+    credential_file: Path | None = Field(
+        None,
+        description="Where the node's own credential is kept between runs "
+        "(default <work_dir>/node-credential)",
     )
     prewarm: bool = Field(
         True,
@@ -69,3 +76,7 @@ class WorkerSettings(BaseSettings):
             if ":" not in target:
                 raise ValueError(f"trainer {name!r}: {target!r} is not 'module:attribute'")
         return value
+
+    @property
+    def credential_path(self) -> Path:
+        return self.credential_file or self.work_dir / "node-credential"

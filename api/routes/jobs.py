@@ -6,13 +6,21 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from api import views
-from api.deps import CoordinatorDep, DatabaseDep, JobId, NotifierDep, ReadCacheDep, SettingsDep
+from api.deps import (
+    CallerNodeDep,
+    CoordinatorDep,
+    DatabaseDep,
+    JobId,
+    NotifierDep,
+    ReadCacheDep,
+    SettingsDep,
+)
 from api.lifecycle import JobStatus
 from api.read_cache import ReadCache, cached_json
 from api.schemas import (
@@ -202,12 +210,17 @@ async def get_logs(
 @router.get(
     "/{job_id}/model",
     response_class=FileResponse,
-    responses={200: {"content": {"application/octet-stream": {}}}},
+    responses={200: {"content": {"application/octet-stream": {}}}, **documented(403)},
 )
-def download_model(job_id: JobId, coordinator: CoordinatorDep) -> FileResponse:
+def download_model(
+    job_id: JobId, coordinator: CoordinatorDep, caller_node: CallerNodeDep
+) -> FileResponse:
     """The newest checkpoint: ``torch.load(f)["model"]`` is the state_dict
     (after the last epoch of a succeeded job: the final model); it also holds
     the optimizer, epoch, step, spec and RNG state to resume from."""
+    if caller_node is not None and not coordinator.node_holds_job(caller_node, job_id):
+        # A worker fetches only what its own parts resume from.
+        raise HTTPException(403, f"job_id: node {caller_node} runs no part of job {job_id}")
     path, epoch = coordinator.checkpoint_path(job_id)
     return FileResponse(
         path, media_type="application/octet-stream", filename=f"job-{job_id}-epoch-{epoch}.pt"

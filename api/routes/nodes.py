@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
 from api import views
-from api.deps import CoordinatorDep, DatabaseDep, NodeId, NotifierDep, SettingsDep
+from api.auth import acting_for
+from api.deps import (
+    CallerNodeDep,
+    CoordinatorDep,
+    DatabaseDep,
+    NodeId,
+    NotifierDep,
+    SettingsDep,
+)
 from api.schemas import (
     NodePublic,
     NodeRegistered,
@@ -18,7 +26,7 @@ from api.schemas import (
     documented,
 )
 
-router = APIRouter(prefix="/nodes", tags=["nodes"], responses=documented(400, 404))
+router = APIRouter(prefix="/nodes", tags=["nodes"], responses=documented(400, 403, 404))
 
 
 @router.get("", response_model=list[NodePublic])
@@ -26,20 +34,41 @@ def list_nodes(db: DatabaseDep) -> list[NodePublic]:
     return views.read_nodes(db=db)
 
 
-@router.post("/register", response_model=NodeRegistered)
+@router.post("/register", response_model=NodeRegistered, responses=documented(409))
 def register_node(
     registration: NodeRegistration,
+    request: Request,
     coordinator: CoordinatorDep,
     settings: SettingsDep,
     notifier: NotifierDep,
+    caller_node: CallerNodeDep,
 ) -> NodeRegistered:
-    node_id = coordinator.register_node(registration)
+    """A machine joins with the join token and gets its node's credential;
+    a restarted worker registers again presenting that credential."""
+    node_id, credential = coordinator.register_node(
+        registration, caller_node, enforce=request.app.state.tokens.enabled
+    )
     notifier.notify()
     return NodeRegistered(
         node_id=node_id,
+        credential=credential,
         heartbeat_timeout_s=settings.heartbeat_timeout_s,
         poll_wait_s=settings.poll_wait_s,
     )
+
+
+@router.post("/{node_id}/revoke", response_model=NodePublic)
+def revoke_node(
+    node_id: NodeId, coordinator: CoordinatorDep, db: DatabaseDep, notifier: NotifierDep
+) -> NodePublic:
+    """Refuse the node's credential from now on and retire its name; its
+    parts' jobs restart elsewhere if they have restarts left."""
+    coordinator.revoke_node(node_id)
+    notifier.notify()
+    node = next((n for n in views.read_nodes(db=db) if n.id == node_id), None)
+    if node is None:
+        raise HTTPException(404, f"node {node_id} not found")
+    return node
 
 
 @router.post("/{node_id}/poll", response_model=PollResponse)
@@ -49,10 +78,12 @@ async def poll(
     coordinator: CoordinatorDep,
     settings: SettingsDep,
     notifier: NotifierDep,
+    caller_node: CallerNodeDep,
 ) -> PollResponse:
     """Heartbeat and ask for work. Held open up to ``wait_s`` (capped by the
     server) until there is something to start or stop, so news reaches the
     node at once without it hammering the server."""
+    acting_for(caller_node, node_id)
     deadline = time.monotonic() + min(request.wait_s, settings.poll_wait_s)
     while True:
         event = notifier.current()

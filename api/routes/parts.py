@@ -9,7 +9,8 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import CoordinatorDep, NotifierDep, PartId, SettingsDep
+from api.auth import acting_for
+from api.deps import CallerNodeDep, CoordinatorDep, NotifierDep, PartId, SettingsDep
 from api.schemas import (
     DB_INT_MAX,
     Ack,
@@ -27,37 +28,56 @@ router = APIRouter(
 
 
 @router.post("/{part_id}/started", response_model=Ack)
-def part_started(part_id: PartId, body: PartStarted, coordinator: CoordinatorDep) -> Ack:
+def part_started(
+    part_id: PartId, body: PartStarted, coordinator: CoordinatorDep, caller_node: CallerNodeDep
+) -> Ack:
     """``accepted: false`` tells the worker the part should not run (it was
     cancelled meanwhile); the next poll lists it under ``stop``."""
+    acting_for(caller_node, body.node_id)
     return Ack(accepted=coordinator.part_started(part_id, body.node_id))
 
 
 @router.post("/{part_id}/rendezvous", response_model=Ack)
 def part_rendezvous(
-    part_id: PartId, body: RendezvousBound, coordinator: CoordinatorDep, notifier: NotifierDep
+    part_id: PartId,
+    body: RendezvousBound,
+    coordinator: CoordinatorDep,
+    notifier: NotifierDep,
+    caller_node: CallerNodeDep,
 ) -> Ack:
     """Machine 0 reports the port its launcher's rendezvous store listens on."""
+    acting_for(caller_node, body.node_id)
     accepted = coordinator.record_rendezvous(part_id, body)
     notifier.notify()
     return Ack(accepted=accepted)
 
 
 @router.post("/{part_id}/progress", response_model=Ack)
-def part_progress(part_id: PartId, body: ProgressBatch, coordinator: CoordinatorDep) -> Ack:
+def part_progress(
+    part_id: PartId, body: ProgressBatch, coordinator: CoordinatorDep, caller_node: CallerNodeDep
+) -> Ack:
+    acting_for(caller_node, body.node_id)
     return Ack(accepted=coordinator.record_progress(part_id, body))
 
 
 @router.post("/{part_id}/logs", response_model=Ack)
-def part_logs(part_id: PartId, body: LogBatch, coordinator: CoordinatorDep) -> Ack:
+def part_logs(
+    part_id: PartId, body: LogBatch, coordinator: CoordinatorDep, caller_node: CallerNodeDep
+) -> Ack:
     """Lines the part's ranks and launcher printed; resent lines are ignored."""
+    acting_for(caller_node, body.node_id)
     return Ack(accepted=coordinator.record_logs(part_id, body))
 
 
 @router.post("/{part_id}/finish", response_model=Ack)
 def part_finished(
-    part_id: PartId, body: PartFinished, coordinator: CoordinatorDep, notifier: NotifierDep
+    part_id: PartId,
+    body: PartFinished,
+    coordinator: CoordinatorDep,
+    notifier: NotifierDep,
+    caller_node: CallerNodeDep,
 ) -> Ack:
+    acting_for(caller_node, body.node_id)
     accepted = coordinator.finish_part(part_id, body)
     notifier.notify()
     return Ack(accepted=accepted)
@@ -80,11 +100,13 @@ async def upload_checkpoint(
     request: Request,
     coordinator: CoordinatorDep,
     settings: SettingsDep,
+    caller_node: CallerNodeDep,
     node_id: Annotated[int, Query(ge=1, le=DB_INT_MAX)],
     epoch: Annotated[int, Query(ge=1, le=DB_INT_MAX)],
 ) -> Ack:
     """Rank 0's checkpoint after ``epoch``, as the raw bytes torch.save wrote.
     The newest one is served at ``GET /jobs/{id}/model``."""
+    acting_for(caller_node, node_id)
     await run_in_threadpool(coordinator.check_checkpoint_upload, part_id, node_id)
     limit = settings.max_checkpoint_mb * 2**20
     incoming = settings.artifacts_dir / ".incoming"

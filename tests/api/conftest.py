@@ -69,12 +69,17 @@ def client(server: ThreadedServer) -> Iterator[httpx.Client]:
 class ProtocolNode:
     """Speaks the worker protocol by hand, to put the server in exact states."""
 
-    def __init__(self, client: httpx.Client, name: str, **registration: Any) -> None:
+    def __init__(
+        self, client: httpx.Client, name: str, join_token: str | None = None, **registration: Any
+    ) -> None:
         self.client = client
         body = {"name": name, "address": "127.0.0.1", **registration}
-        self.node_id: int = (
-            client.post("/nodes/register", json=body).raise_for_status().json()["node_id"]
-        )
+        joined = client.post("/nodes/register", json=body, headers=bearer(join_token))
+        registered = joined.raise_for_status().json()
+        self.node_id: int = registered["node_id"]
+        # The node's own credential: what it presents from now on.
+        self.credential: str = registered["credential"]
+        self.headers = bearer(self.credential)
         self.name = name
 
     def poll(
@@ -88,14 +93,22 @@ class ProtocolNode:
             "waiting_for_port": waiting_for_port or [],
             "wait_s": wait_s,
         }
-        response = self.client.post(f"/nodes/{self.node_id}/poll", json=body)
+        response = self.client.post(
+            f"/nodes/{self.node_id}/poll", json=body, headers=self.headers
+        )
         result: dict[str, Any] = response.raise_for_status().json()
         return result
 
     def finish(self, part_id: int, status: str, **fields: Any) -> httpx.Response:
         return self.client.post(
-            f"/parts/{part_id}/finish", json={"node_id": self.node_id, "status": status, **fields}
+            f"/parts/{part_id}/finish",
+            json={"node_id": self.node_id, "status": status, **fields},
+            headers=self.headers,
         )
+
+
+def bearer(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def wait_for(predicate: Any, timeout_s: float = 10.0, what: str = "condition") -> Any:

@@ -9,7 +9,9 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -18,14 +20,14 @@ from fastapi import FastAPI
 from api.auth import PUBLIC, Role, rule_for
 from api.routes import dashboard
 from cli.cluster import free_port
-from tests.api.conftest import ThreadedServer, make_settings
+from tests.api.conftest import ProtocolNode, ThreadedServer, bearer, make_settings
 from tests.conftest import REPO
 
 TOKENS = {
     Role.ADMIN: "admin-3f1c9a7e5b",
     Role.USER: "user-8d2e4b6a0c",
     Role.READER: "read-5a7c9e1b3d",
-    Role.WORKER: "worker-2b4d6f8a0e",
+    Role.JOIN: "join-2b4d6f8a0e",
 }
 # Callers with no valid token, and what they send.
 STRANGERS = {
@@ -34,6 +36,8 @@ STRANGERS = {
     "not bearer": {"Authorization": f"Basic {TOKENS[Role.ADMIN]}"},
     "wrong": {"Authorization": "Bearer not-a-token"},
 }
+# What the server says when it refuses a caller for who it is.
+REFUSALS = ("bearer token", "role may", "this credential is", "runs no part of")
 
 
 @pytest.fixture
@@ -46,16 +50,66 @@ def guarded(tmp_path: Path) -> Iterator[ThreadedServer]:
         admin_token=TOKENS[Role.ADMIN],
         user_token=TOKENS[Role.USER],
         read_token=TOKENS[Role.READER],
-        worker_token=TOKENS[Role.WORKER],
+        join_token=TOKENS[Role.JOIN],
     )
     with ThreadedServer(settings) as server:
         yield server
 
 
-def concrete(path: str) -> str:
-    """A request path for a route template: ids 1, a page name, a file name."""
+def as_(role: Role) -> dict[str, str]:
+    return bearer(TOKENS[role])
+
+
+@dataclass
+class World:
+    """Real state for the matrix's ids: node A runs a part of a job; node B
+    is another live node; node C is there to be revoked."""
+
+    a: ProtocolNode
+    b: ProtocolNode
+    c: ProtocolNode
+    job_id: int
+    part_id: int
+
+
+def make_world(client: httpx.Client) -> World:
+    a = ProtocolNode(client, "node-a", TOKENS[Role.JOIN])
+    job = client.post("/jobs", json={}, headers=as_(Role.USER)).raise_for_status().json()
+    [assignment] = a.poll()["start"]
+    b = ProtocolNode(client, "node-b", TOKENS[Role.JOIN])
+    c = ProtocolNode(client, "node-c", TOKENS[Role.JOIN])
+    return World(a, b, c, job["id"], assignment["part_id"])
+
+
+def concrete(path: str, world: World | None = None) -> str:
+    """A request path for a route template: the world's ids (else 1), a page
+    name, a file name."""
+    if world is not None:
+        node = world.c if path.endswith("/revoke") else world.a
+        path = path.replace("{node_id}", str(node.node_id))
+        path = path.replace("{job_id}", str(world.job_id))
+        path = path.replace("{part_id}", str(world.part_id))
     path = re.sub(r"\{[a-z_]+_id\}", "1", path)
     return path.replace("{page:path}", "jobs").replace("{name}", "app.js")
+
+
+def request_for(method: str, template: str, node_id: int) -> dict[str, Any]:
+    """A well-formed request (httpx keywords) acting for ``node_id``: a node
+    refused must be refused for who it is, not for a malformed body."""
+    if method == "PUT":
+        return {"params": {"node_id": node_id, "epoch": 1}, "content": b"checkpoint"}
+    if method != "POST":
+        return {}
+    bodies: dict[str, dict[str, Any]] = {
+        "/nodes/register": {"name": "node-a", "address": "127.0.0.1"},
+        "/nodes/{node_id}/poll": {"wait_s": 0},
+        "/parts/{part_id}/started": {"node_id": node_id},
+        "/parts/{part_id}/rendezvous": {"node_id": node_id, "master_port": 29500},
+        "/parts/{part_id}/progress": {"node_id": node_id, "reports": []},
+        "/parts/{part_id}/logs": {"node_id": node_id, "lines": []},
+        "/parts/{part_id}/finish": {"node_id": node_id, "status": "cancelled"},
+    }
+    return {"json": bodies.get(template, {})}
 
 
 def app_requests(server: ThreadedServer) -> list[tuple[str, str]]:
@@ -88,27 +142,37 @@ def test_every_route_refuses_every_caller_outside_its_roles(
     assert missing == [], f"routes without an access rule: {missing}"
 
     unexpected: list[str] = []
-    bodies: list[str] = []
+    answers: list[str] = []
+    counts = {"inside": 0, "outside": 0}
     with httpx.Client(base_url=guarded.url, timeout=10) as client:
+        world = make_world(client)
+        a, b = world.a.node_id, world.b.node_id
+        # name -> (headers, role, the node it acts for, whether it is node A)
+        callers: dict[str, tuple[dict[str, str], Role | None, int, bool]] = {
+            name: (headers, None, a, False) for name, headers in STRANGERS.items()
+        }
+        callers.update({role.value: (as_(role), role, a, False) for role in TOKENS})
+        callers["worker of node A"] = (world.a.headers, Role.NODE, a, True)
+        # Node B impersonating node A, and node B naming itself on A's part.
+        callers["worker of node B"] = (world.b.headers, Role.NODE, a, False)
+        callers["worker of node B, as itself"] = (world.b.headers, Role.NODE, b, False)
         for method, template in routes:
             allowed = rule_for(method, template)
             assert allowed is not None
-            callers: dict[str, tuple[dict[str, str], Role | None]] = {
-                name: (headers, None) for name, headers in STRANGERS.items()
-            }
-            callers.update(
-                {
-                    role.value: ({"Authorization": f"Bearer {token}"}, role)
-                    for role, token in TOKENS.items()
-                }
-            )
-            for name, (headers, role) in callers.items():
-                body: dict[str, object] | None = {} if method in ("POST", "PUT") else None
-                response = client.request(method, concrete(template), headers=headers, json=body)
-                bodies.append(response.text)
-                inside = allowed is PUBLIC or (role is not None and role in allowed)
+            for name, (headers, role, acts_for, is_a) in callers.items():
+                response = client.request(
+                    method,
+                    concrete(template, world),
+                    headers=headers,
+                    **request_for(method, template, acts_for),
+                )
+                answers.append(response.text)
+                in_role = role is not None and role in allowed
+                # A node's credential is good for its own node's doings only.
+                inside = allowed is PUBLIC or (in_role and (role is not Role.NODE or is_a))
+                counts["inside" if inside else "outside"] += 1
                 if inside:
-                    refused_by_auth = "bearer token" in response.text or "role may" in response.text
+                    refused_by_auth = any(text in response.text for text in REFUSALS)
                     if response.status_code in (401, 403) and refused_by_auth:
                         unexpected.append(f"{name}: {method} {template} refused")
                     continue
@@ -116,24 +180,24 @@ def test_every_route_refuses_every_caller_outside_its_roles(
                 if response.status_code != want:
                     unexpected.append(
                         f"{name}: {method} {template} got {response.status_code}, not {want}"
+                        f" ({response.text[:120]})"
                     )
     assert unexpected == []
+    assert counts["outside"] >= len(STRANGERS) * len(routes), counts
 
-    # No token in anything the server logged or answered.
+    # No token or node credential in anything the server logged or answered.
     logged = "\n".join(record.getMessage() for record in caplog.records)
-    for token in TOKENS.values():
-        assert token not in logged
-        assert not any(token in text for text in bodies)
+    secrets = [*TOKENS.values(), world.a.credential, world.b.credential, world.c.credential]
+    for secret in secrets:
+        assert secret not in logged
+        assert not any(secret in text for text in answers)
 
 
-def test_a_worker_token_cannot_submit_and_a_reader_cannot_cancel(
+def test_a_join_token_cannot_submit_and_a_reader_cannot_cancel(
     guarded: ThreadedServer,
 ) -> None:
-    def as_(role: Role) -> dict[str, str]:
-        return {"Authorization": f"Bearer {TOKENS[role]}"}
-
     with httpx.Client(base_url=guarded.url, timeout=10) as client:
-        assert client.post("/jobs", json={}, headers=as_(Role.WORKER)).status_code == 403
+        assert client.post("/jobs", json={}, headers=as_(Role.JOIN)).status_code == 403
         job = client.post("/jobs", json={}, headers=as_(Role.USER))
         assert job.status_code == 201
         job_id = job.json()["id"]

@@ -34,6 +34,8 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(tmp_path: Pa
         state_dir=tmp_path / "cluster",
         data_dir=tmp_path,
         workers=0,
+        # Inputs, not callers: the auth matrix (test_auth.py) tests those.
+        secure=False,
         server_env={"DDPO_POLL_WAIT_S": "0", "DDPO_ARTIFACTS_DIR": str(tmp_path / "artifacts")},
     )
     try:

@@ -82,10 +82,10 @@ class Jobs:
 
 @pytest.fixture
 def jobs(cluster: LocalCluster) -> Iterator[Jobs]:
-    with httpx.Client(base_url=cluster.url, timeout=30) as client:
+    with cluster.client() as client:
         yield Jobs(client)
     # Leave the nodes idle for the next test whatever happened in this one.
-    with httpx.Client(base_url=cluster.url, timeout=30) as client:
+    with cluster.client() as client:
         for job in client.get("/jobs", params={"limit": 500}).json()["data"]:
             if job["status"] in ("queued", "running"):
                 client.post(f"/jobs/{job['id']}/cancel")

@@ -9,7 +9,6 @@ import sqlite3
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from cli.cluster import LocalCluster
@@ -40,7 +39,7 @@ def test_16_workers_claim_200_jobs_exactly_once(tmp_path: Path) -> None:
     )
     try:
         cluster.start(timeout_s=300)  # sixteen torch imports on a small machine
-        with httpx.Client(base_url=cluster.url, timeout=60) as client:
+        with cluster.client(timeout_s=60) as client:
             started = time.monotonic()
             for index in range(JOBS):
                 response = client.post("/jobs", json={"trainer": "noop", "name": f"load {index}"})

@@ -21,7 +21,7 @@ def ddpo(
     return subprocess.run(
         [sys.executable, "-m", "cli", *args],
         cwd=REPO,
-        env={**os.environ, "DDPO_SERVER": cluster.url},
+        env={**os.environ, **cluster.cli_env()},
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -106,7 +106,7 @@ def test_logs_follow_streams_a_running_job(cluster: LocalCluster, jobs: Jobs) ->
     with subprocess.Popen(
         [sys.executable, "-m", "cli", "logs", str(job_id), "--rank", "0", "--follow"],
         cwd=REPO,
-        env={**os.environ, "DDPO_SERVER": cluster.url},
+        env={**os.environ, **cluster.cli_env()},
         stdout=subprocess.PIPE,
         text=True,
     ) as follower:

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
@@ -42,7 +41,7 @@ def faulty(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 @pytest.fixture
 def jobs(faulty: LocalCluster) -> Iterator[Jobs]:
-    with httpx.Client(base_url=faulty.url, timeout=30) as client:
+    with faulty.client() as client:
         yield Jobs(client)
         for job in client.get("/jobs", params={"limit": 500}).json()["data"]:
             if job["status"] in ("queued", "running"):
