@@ -17,13 +17,26 @@ function esc(value) {
   })[c]);
 }
 
+// The bearer token this browser presents, asked for once and kept in its
+// local storage (for this server's origin only).
+const TOKEN_KEY = "ddpo-token";
+const storedToken = () => localStorage.getItem(TOKEN_KEY);
+
 async function api(path, options = {}) {
+  const token = storedToken();
   const response = await fetch(path, {
-    headers: { "content-type": "application/json" },
     ...options,
+    headers: {
+      "content-type": "application/json",
+      ...(token ? { authorization: `Bearer ${token}` } : {}),
+    },
   });
   const body = response.headers.get("content-type")?.includes("json")
     ? await response.json() : await response.text();
+  if (response.status === 401) {
+    askForToken(Boolean(token));
+    throw new Error(token ? "the saved token was refused" : "this server needs a token");
+  }
   if (!response.ok) {
     const detail = body && body.detail;
     const message = Array.isArray(detail) ? detail.map((d) => d.msg).join("; ")
@@ -33,9 +46,43 @@ async function api(path, options = {}) {
   return body;
 }
 
+// Shown over the page when the server wants a token: saved, the page reloads.
+function askForToken(refused) {
+  if (document.getElementById("token-form")) return;
+  const card = document.createElement("form");
+  card.id = "token-form";
+  card.className = "card";
+  card.innerHTML = `
+    <h2>${refused ? "The saved token was refused" : "This server needs a token"}</h2>
+    <p class="muted">Paste a read-only token (the server's DDPO_READ_TOKEN) to watch jobs, or a
+      user token (DDPO_TOKEN) to submit and cancel too. It is kept in this browser only.</p>
+    <label>Token <input name="token" type="password" autocomplete="off" required></label>
+    <button type="submit">Save</button>`;
+  card.addEventListener("submit", (event) => {
+    event.preventDefault();
+    localStorage.setItem(TOKEN_KEY, new FormData(card).get("token").trim());
+    location.reload();
+  });
+  page().prepend(card);
+}
+
+function showSignOut() {
+  if (!storedToken()) return;
+  const link = document.createElement("a");
+  link.href = "#";
+  link.id = "forget-token";
+  link.textContent = "forget token";
+  link.addEventListener("click", (event) => {
+    event.preventDefault();
+    localStorage.removeItem(TOKEN_KEY);
+    location.reload();
+  });
+  document.querySelector("header").append(link);
+}
+
 function connection(ok, message) {
   const el = document.getElementById("connection");
-  el.textContent = ok ? `updated ${new Date().toLocaleTimeString()}` : `server unreachable: ${message}`;
+  el.textContent = ok ? `updated ${new Date().toLocaleTimeString()}` : `not updated: ${message}`;
   el.className = ok ? "muted" : "problem";
 }
 
@@ -358,4 +405,5 @@ function route() {
   page().innerHTML = `<h1>Not found</h1><p><a href="/ui/jobs">Jobs</a></p>`;
 }
 
+showSignOut();
 route();

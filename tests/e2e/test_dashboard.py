@@ -56,9 +56,26 @@ def badge(page: Any) -> str:
     return text
 
 
+def sign_in(page: Any, cluster: LocalCluster, token: str) -> None:
+    """Answer the dashboard's one question: the token, kept by the browser."""
+    page.fill("#token-form input[name=token]", token)
+    page.click("#token-form button[type=submit]")
+    page.wait_for_load_state()
+
+
 def test_submit_watch_and_cancel_from_the_browser(
     page: Any, cluster: LocalCluster, jobs: Jobs
 ) -> None:
+    assert cluster.tokens is not None
+    # The server has tokens: the dashboard asks for one, once.
+    page.goto(f"{cluster.url}/ui/jobs")
+    page.locator("#token-form").wait_for()
+    sign_in(page, cluster, "not-a-token")
+    page.get_by_role("heading", name="The saved token was refused").wait_for()
+    sign_in(page, cluster, cluster.tokens.user)
+    page.locator("#connection", has_text="updated").wait_for()
+    assert page.locator("#token-form").count() == 0
+
     page.goto(f"{cluster.url}/ui/submit")
     page.fill("input[name=name]", "from-the-form")
     page.fill("input[name=batch_size]", "64")
@@ -132,3 +149,19 @@ def test_submit_watch_and_cancel_from_the_browser(
         "node-1",
     ]
     page.screenshot(path=str(ARTIFACTS / "dashboard-nodes.png"), full_page=True)
+
+
+def test_a_read_token_watches_but_cannot_submit(page: Any, cluster: LocalCluster) -> None:
+    assert cluster.tokens is not None
+    page.goto(f"{cluster.url}/ui/nodes")
+    sign_in(page, cluster, cluster.tokens.read)
+    page.locator("#nodes tbody tr").nth(1).wait_for()
+    page.goto(f"{cluster.url}/ui/submit")
+    page.click("button[type=submit]")
+    page.get_by_text("the reader role may not do this").wait_for()
+    # Forgetting the token brings the question back.
+    page.click("#forget-token")
+    page.wait_for_load_state()
+    page.goto(f"{cluster.url}/ui/nodes")
+    page.locator("#token-form").wait_for()
+    assert page.locator("#nodes tbody tr td:first-child").all_inner_texts() == []

@@ -1,20 +1,26 @@
-"""A cluster with tokens: workers present theirs, people theirs, a job runs
-end to end, and no token appears in any log or answer."""
+"""A cluster with tokens, as every local cluster has: workers join with the
+join token and act with their own node's credential, a job runs end to end,
+a revoked worker is shut out, and no token appears in any log or answer."""
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import httpx
 import pytest
 
-from cli.cluster import LocalCluster
-from tests.e2e.conftest import Jobs
+from cli.cluster import ClusterTokens, LocalCluster
+from tests.e2e.conftest import Jobs, until
 
 pytestmark = pytest.mark.e2e
 
-USER = "user-token-6b1f0c9e2d"
-WORKER = "worker-token-4e8a2c7f1b"
+TOKENS = ClusterTokens(
+    admin="admin-token-0d3b5f7a9c",
+    user="user-token-6b1f0c9e2d",
+    read="read-token-8e2a4c6b1f",
+    join="join-token-4e8a2c7f1b",
+)
 
 
 def test_a_job_runs_with_tokens_and_no_log_shows_them(mnist_dir: Path, tmp_path: Path) -> None:
@@ -22,18 +28,13 @@ def test_a_job_runs_with_tokens_and_no_log_shows_them(mnist_dir: Path, tmp_path:
         state_dir=tmp_path / "cluster",
         data_dir=mnist_dir,
         workers=2,
-        # The server's DDPO_WORKER_TOKEN is the one it accepts; the workers'
-        # (same name, their own prefix) the one they present.
-        extra_env={"DDPO_WORKER_TOKEN": WORKER},
-        server_env={"DDPO_USER_TOKEN": USER, "DDPO_ACCESS_LOG": "true"},
-        token=USER,
+        tokens=TOKENS,
+        server_env={"DDPO_ACCESS_LOG": "true"},
     ) as cluster:
         assert httpx.get(f"{cluster.url}/jobs").status_code == 401
-        with httpx.Client(
-            base_url=cluster.url, timeout=30, headers={"Authorization": f"Bearer {USER}"}
-        ) as client:
+        with cluster.client() as client:
             jobs = Jobs(client)
-            job_id = jobs.submit(machines=2, max_steps_per_epoch=5)
+            job_id = jobs.submit(machines=2, max_steps_per_epoch=5, max_restarts=1)
             job = jobs.wait_done(job_id, timeout_s=120)
             answers = [
                 client.get(f"/jobs/{job_id}").text,
@@ -41,13 +42,54 @@ def test_a_job_runs_with_tokens_and_no_log_shows_them(mnist_dir: Path, tmp_path:
                 client.get("/nodes").text,
             ]
         assert job["status"] == "succeeded", job["error"]
-        # A worker's token does not let it act as a person.
-        as_worker = httpx.post(
-            f"{cluster.url}/jobs", json={}, headers={"Authorization": f"Bearer {WORKER}"}
+        # The join token does not let a machine act as a person.
+        as_joiner = httpx.post(
+            f"{cluster.url}/jobs", json={}, headers={"Authorization": f"Bearer {TOKENS.join}"}
         )
-        assert as_worker.status_code == 403
+        assert as_joiner.status_code == 403
+        # Each worker keeps its node's own credential, readable by it alone.
+        files = sorted(cluster.state_dir.glob("node-*/runs/node-credential"))
+        assert len(files) == 2
+        assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+        credentials = [f.read_text().strip() for f in files]
+        assert len(set(credentials)) == 2 and TOKENS.join not in credentials
     logs = {p.name: p.read_text(errors="replace") for p in cluster.state_dir.rglob("*.log")}
     assert "GET /jobs" in logs["server.log"]  # the access log was on
-    for token in (USER, WORKER):
-        assert [name for name, text in logs.items() if token in text] == []
-        assert not any(token in text for text in answers)
+    for secret in (*TOKENS.server_env().values(), *credentials):
+        assert [name for name, text in logs.items() if secret in text] == []
+        assert not any(secret in text for text in answers)
+
+
+def test_a_revoked_worker_stops_and_its_job_restarts_on_another(
+    mnist_dir: Path, tmp_path: Path
+) -> None:
+    with LocalCluster(
+        state_dir=tmp_path / "cluster", data_dir=mnist_dir, workers=2, tokens=TOKENS
+    ) as cluster:
+        with cluster.client() as client, cluster.client("admin") as admin:
+            jobs = Jobs(client)
+            job_id = jobs.submit(max_steps_per_epoch=400, max_restarts=1)
+            running = jobs.wait(job_id, lambda j: j["progress"] is not None, 60, "progress")
+            node = running["parts"][0]["node_name"]
+            node_id = running["parts"][0]["node_id"]
+            admin.post(f"/nodes/{node_id}/revoke").raise_for_status()
+
+            # Its daemon is refused, stops what it ran, and exits 3.
+            daemon = next(w for w in cluster.worker_processes if w.name == node)
+            assert daemon.process.wait(30) == 3
+            assert "revoked" in daemon.log_tail()
+            # A restart with the same credential and join token stays out.
+            again = cluster.start_worker(node)
+            assert again.process.wait(60) == 3
+
+            # The job went on, on the other node.
+            done = jobs.wait_done(job_id, timeout_s=180)
+            assert done["status"] == "succeeded", done["error"]
+            assert done["attempts"][0]["error"]["reason"] == "node_revoked"
+            assert done["parts"][0]["node_name"] != node
+            states = until(
+                lambda: {n["name"]: n["state"] for n in client.get("/nodes").json()},
+                5,
+                "the nodes",
+            )
+            assert states[node] == "revoked"
