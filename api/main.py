@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp
@@ -18,6 +19,7 @@ from starlette.types import ASGIApp
 from api.auth import AuthMiddleware, NodeCredentials, Role, TokenBook
 from api.coordinator import Coordinator
 from api.lifecycle import IllegalTransition
+from api.limits import BodyLimitMiddleware
 from api.monitoring import LatencyMiddleware, make_registry
 from api.notifier import Notifier
 from api.read_cache import ReadCache, ReadCacheMiddleware
@@ -94,11 +96,27 @@ class _Orchestrator(FastAPI):
         # Cached answers go out in front of everything else, Starlette's own
         # error middleware included: 50 dashboards polling a job are 50
         # requests a second on a host that is training (BENCHMARKS.md).
-        # Only authentication comes before them.
+        # Only the body cap, authentication and CORS come before them.
+        settings: ServerSettings = self.state.settings
         cached = ReadCacheMiddleware(
             super().build_middleware_stack(), self.state.read_cache, self.state.latency
         )
-        return AuthMiddleware(cached, self.state.tokens)
+        capped = BodyLimitMiddleware(cached, settings.max_body_kb * 1024, _uploads)
+        guarded: ASGIApp = AuthMiddleware(capped, self.state.tokens)
+        if settings.cors_origins:
+            # Outermost: a browser's preflight carries no token.
+            guarded = CORSMiddleware(
+                guarded,
+                allow_origins=settings.cors_origins,
+                allow_methods=["GET", "POST", "PUT"],
+                allow_headers=["authorization", "content-type", "idempotency-key"],
+            )
+        return guarded
+
+
+def _uploads(method: str, path: str) -> bool:
+    """Checkpoint uploads: capped by DDPO_MAX_CHECKPOINT_MB instead."""
+    return method == "PUT" and path.startswith("/parts/") and path.endswith("/checkpoint")
 
 
 # How late the sweep may wake before the server counts itself as stalled.

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class ServerSettings(BaseSettings):
@@ -35,6 +36,17 @@ class ServerSettings(BaseSettings):
     retry_backoff_max_s: float = Field(60.0, ge=0, description="Longest wait between attempts")
     artifacts_dir: Path = Field(Path("./artifacts"), description="Uploaded checkpoints")
     max_checkpoint_mb: int = Field(2048, ge=1, description="Largest checkpoint accepted")
+    max_body_kb: int = Field(
+        16384,
+        ge=1,
+        description="Largest request body (checkpoints excepted): a worker's biggest batch "
+        "of log lines is about 8 MiB",
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Origins whose pages may call the API from a browser, comma-separated "
+        "(none by default: only the server's own dashboard)",
+    )
     log_level: str = "info"
     nice: int = Field(
         0,
@@ -68,6 +80,13 @@ class ServerSettings(BaseSettings):
             t is not None and t.get_secret_value()
             for t in (self.admin_token, self.user_token, self.read_token, self.join_token)
         )
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [origin.strip() for origin in value.split(",") if origin.strip()]
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:

@@ -93,9 +93,7 @@ class ProtocolNode:
             "waiting_for_port": waiting_for_port or [],
             "wait_s": wait_s,
         }
-        response = self.client.post(
-            f"/nodes/{self.node_id}/poll", json=body, headers=self.headers
-        )
+        response = self.client.post(f"/nodes/{self.node_id}/poll", json=body, headers=self.headers)
         result: dict[str, Any] = response.raise_for_status().json()
         return result
 

@@ -1,0 +1,87 @@
+"""What keeps one client from exhausting the server: a cap on request
+bodies (checkpoints have their own), and CORS closed unless configured."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.api.conftest import ProtocolNode, ThreadedServer, make_settings
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> Iterator[httpx.Client]:
+    settings = make_settings(
+        tmp_path, poll_wait_s=0.0, max_body_kb=1, artifacts_dir=tmp_path / "artifacts"
+    )
+    with ThreadedServer(settings) as server, httpx.Client(base_url=server.url, timeout=10) as c:
+        yield c
+
+
+def test_a_body_over_the_cap_is_refused_before_it_is_read(small: httpx.Client) -> None:
+    big = {"name": "x" * 90, "topology": {"num_machines": 1}, "padding": " " * 2000}
+    declared = small.post("/jobs", json=big)
+    assert declared.status_code == 413
+    assert declared.json()["detail"].startswith("body: larger than 1024 bytes")
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it streams
+        yield b'{"name": "'
+        for _ in range(64):
+            yield b"x" * 64
+        yield b'"}'
+
+    streamed = small.post("/jobs", content=chunks(), headers={"content-type": "application/json"})
+    assert streamed.status_code == 413
+    assert small.get("/jobs").json()["count"] == 0  # nothing half-made
+    assert small.post("/jobs", json={"name": "fits"}).status_code == 201
+
+
+def test_checkpoints_have_their_own_limit(small: httpx.Client) -> None:
+    node = ProtocolNode(small, "a")
+    small.post("/jobs", json={}).raise_for_status()
+    [assignment] = node.poll()["start"]
+    part = assignment["part_id"]
+    small.post(f"/parts/{part}/started", json={"node_id": node.node_id}).raise_for_status()
+    uploaded = small.put(
+        f"/parts/{part}/checkpoint",
+        params={"node_id": node.node_id, "epoch": 1},
+        content=b"\0" * 8192,
+        headers={"content-type": "application/octet-stream"},
+    )
+    assert uploaded.status_code == 200 and uploaded.json() == {"accepted": True}
+
+
+PREFLIGHT = {
+    "Access-Control-Request-Method": "POST",
+    "Access-Control-Request-Headers": "authorization, content-type",
+}
+
+
+def test_cors_is_closed_unless_configured(tmp_path: Path) -> None:
+    with ThreadedServer(make_settings(tmp_path)) as server:
+        with httpx.Client(base_url=server.url) as client:
+            origin = {"Origin": "https://elsewhere.example"}
+            preflight = client.options("/jobs", headers={**origin, **PREFLIGHT})
+            assert "access-control-allow-origin" not in preflight.headers
+            assert "access-control-allow-origin" not in client.get("/jobs", headers=origin).headers
+
+
+def test_configured_origins_may_call_with_a_token(tmp_path: Path) -> None:
+    settings = make_settings(
+        tmp_path, cors_origins="https://dash.example", read_token="read-1b3d5f"
+    )
+    with ThreadedServer(settings) as server, httpx.Client(base_url=server.url) as client:
+        allowed = {"Origin": "https://dash.example"}
+        preflight = client.options("/jobs", headers={**allowed, **PREFLIGHT})
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == "https://dash.example"
+        assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+        read = client.get("/jobs", headers={**allowed, "Authorization": "Bearer read-1b3d5f"})
+        assert read.status_code == 200
+        assert read.headers["access-control-allow-origin"] == "https://dash.example"
+        other = {"Origin": "https://elsewhere.example"}
+        assert client.options("/jobs", headers={**other, **PREFLIGHT}).status_code == 400
+        assert "access-control-allow-origin" not in client.get("/jobs", headers=other).headers
