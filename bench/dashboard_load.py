@@ -55,7 +55,11 @@ class _Page:
     """One dashboard's keep-alive connection: a request when due, then its
     answer read off the socket."""
 
-    def __init__(self, port: int, job_id: int, full_page: bool, first_due: float) -> None:
+    def __init__(
+        self, port: int, job_id: int, full_page: bool, first_due: float, token: str | None
+    ) -> None:
+        # Dashboards present a read token, as they do on any server with tokens.
+        self.auth = f"Authorization: Bearer {token}\r\n" if token else ""
         self.sock = socket.create_connection(("127.0.0.1", port))
         self.sock.setblocking(False)
         self.job_id = job_id
@@ -73,7 +77,9 @@ class _Page:
                 f"/jobs/{self.job_id}/metrics?max_points=500",
                 f"/jobs/{self.job_id}/logs?tail=100",
             ]
-        self.queue = [f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode() for path in paths]
+        self.queue = [
+            f"GET {path} HTTP/1.1\r\nHost: bench\r\n{self.auth}\r\n".encode() for path in paths
+        ]
         self.tick += 1
         self.due += 1.0
         self.send_next()
@@ -117,7 +123,13 @@ class Dashboards:
     delivered is checked from the count of answers (``rate``)."""
 
     def __init__(
-        self, port: int, job_id: int, full_page: bool, window_s: float, polls_odd: bool
+        self,
+        port: int,
+        job_id: int,
+        full_page: bool,
+        window_s: float,
+        polls_odd: bool,
+        token: str | None,
     ) -> None:
         self.load = Load()
         self.cpu_s = 0.0
@@ -127,7 +139,7 @@ class Dashboards:
         self._ended = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(
-            target=self._run, args=(port, job_id, full_page), daemon=True
+            target=self._run, args=(port, job_id, full_page, token), daemon=True
         )
 
     def window(self, at: float) -> int:
@@ -137,12 +149,13 @@ class Dashboards:
     def polls_in(self, window: int) -> bool:
         return window >= 1 and (window % 2 == 1) == self.polls_odd
 
-    def _run(self, port: int, job_id: int, full_page: bool) -> None:
+    def _run(self, port: int, job_id: int, full_page: bool, token: str | None) -> None:
         os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
         cpu_started = time.thread_time()
         # Opened at different moments, as people open pages.
         pages = [
-            _Page(port, job_id, full_page, self.origin + i / DASHBOARDS) for i in range(DASHBOARDS)
+            _Page(port, job_id, full_page, self.origin + i / DASHBOARDS, token)
+            for i in range(DASHBOARDS)
         ]
         selector = selectors.DefaultSelector()
         for page in pages:
@@ -270,7 +283,12 @@ def main(argv: list[str] | None = None) -> None:
                     polls_odd: bool = index % 2 == 0,
                 ) -> Dashboards:
                     opened[job_id] = Dashboards(
-                        cluster.port, job_id, way == PAGES, args.window, polls_odd
+                        cluster.port,
+                        job_id,
+                        way == PAGES,
+                        args.window,
+                        polls_odd,
+                        cluster.tokens.read if cluster.tokens else None,
                     )
                     return opened[job_id]
 

@@ -63,7 +63,7 @@ def jobs_table(jobs: JobsPublic) -> str:
 def nodes_table(nodes: list[NodePublic]) -> str:
     now = datetime.now(timezone.utc)
     lines = [
-        f"{'id':>4}  {'name':<16} {'address':<16} {'state':<6} {'slots':>5} {'cpus':>4} "
+        f"{'id':>4}  {'name':<16} {'address':<16} {'state':<7} {'slots':>5} {'cpus':>4} "
         f"{'gpus':>4} {'heartbeat':>10}  running"
     ]
     for node in nodes:
@@ -72,7 +72,7 @@ def nodes_table(nodes: list[NodePublic]) -> str:
             f"job {p.job_id} m{p.machine_id} ({p.status.value})" for p in node.parts
         )
         lines.append(
-            f"{node.id:>4}  {node.name:<16} {node.address:<16} {node.state.value:<6} "
+            f"{node.id:>4}  {node.name:<16} {node.address:<16} {node.state.value:<7} "
             f"{node.slots:>5} {node.cpus:>4} {node.gpus:>4} {ago:>10}  {running or '-'}"
         )
     return "\n".join(lines)
