@@ -169,9 +169,10 @@ class TokenBook:
         if scheme.lower() != "bearer" or not token.strip():
             return None
         presented = digest(token.strip())
+        presented_bytes = bytes.fromhex(presented)
         found = None
         for role, role_digest in self._digests:
-            if secrets.compare_digest(bytes.fromhex(presented), role_digest):
+            if secrets.compare_digest(presented_bytes, role_digest):
                 found = Caller(role)
         if found is None and (node_id := self.nodes.node_of(presented)) is not None:
             found = Caller(Role.NODE, node_id)

@@ -18,7 +18,12 @@ class BodyLimitMiddleware:
         self.exempt = exempt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.exempt(scope["method"], scope["path"]):
+        if (
+            scope["type"] != "http"
+            # No route reads a GET's body: nothing to hold, nothing to count.
+            or scope["method"] in ("GET", "HEAD")
+            or self.exempt(scope["method"], scope["path"])
+        ):
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")

@@ -37,7 +37,11 @@ def test_submit_answers_201_with_the_stored_job(client: httpx.Client) -> None:
         ({"lr": -0.5}, "lr"),
         ({"unknown_field": True}, "unknown_field"),
         ({"topology": {"machines": 2}}, "topology.machines"),
+        # No code from the wire: a trainer is a name the workers already know.
         ({"trainer": "os.system('x')"}, "trainer"),
+        ({"trainer": "worker.mnist:train"}, "trainer"),
+        ({"trainer": "../../bin/sh"}, "trainer"),
+        ({"code": "import os"}, "code"),
         ({"name": "x" * 129}, "name"),
     ],
 )

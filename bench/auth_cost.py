@@ -1,0 +1,75 @@
+"""What checking a token costs a request: the server's outer layers (the
+authentication middleware and the body cap) around an app that does
+nothing, called in this process with a read token on ``GET /jobs/{id}``,
+with tokens configured and without, alternated.
+
+    python -m bench.auth_cost --rounds 5
+
+Prints microseconds per request for both, and their difference: what every
+dashboard poll pays for its token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import statistics
+import time
+
+from pydantic import SecretStr
+from starlette.types import Receive, Scope, Send
+
+from api.auth import AuthMiddleware, NodeCredentials, Role, TokenBook
+from api.limits import BodyLimitMiddleware
+
+CALLS = 20_000
+
+
+async def _nothing(scope: Scope, receive: Receive, send: Send) -> None:
+    return None
+
+
+def _layers(book: TokenBook) -> AuthMiddleware:
+    capped = BodyLimitMiddleware(_nothing, 16 * 2**20, lambda method, path: False)
+    return AuthMiddleware(capped, book)
+
+
+async def _per_call_us(app: AuthMiddleware, token: str) -> float:
+    headers = [(b"host", b"server"), (b"authorization", f"Bearer {token}".encode())]
+    started = time.perf_counter()
+    for _ in range(CALLS):
+        scope = {"type": "http", "method": "GET", "path": "/jobs/17", "headers": headers}
+        await app(scope, _never, _never)  # type: ignore[arg-type]
+    return (time.perf_counter() - started) / CALLS * 1e6
+
+
+async def _never(*_: object) -> None:
+    raise AssertionError("the app under test neither receives nor sends")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    tokens = {
+        role: SecretStr(secrets.token_urlsafe(32))
+        for role in (Role.ADMIN, Role.USER, Role.READER, Role.JOIN)
+    }
+    read = tokens[Role.READER].get_secret_value()
+    nodes = NodeCredentials()
+    nodes.load([(i, secrets.token_hex(32)) for i in range(1, 101)])  # 100 nodes joined
+    checked, open_ = _layers(TokenBook(tokens, nodes)), _layers(TokenBook({}, nodes))
+    with_tokens: list[float] = []
+    without: list[float] = []
+    for _ in range(args.rounds):
+        with_tokens.append(asyncio.run(_per_call_us(checked, read)))
+        without.append(asyncio.run(_per_call_us(open_, read)))
+    on, off = statistics.median(with_tokens), statistics.median(without)
+    print(f"tokens checked: {on:.1f} us a request (median of {args.rounds} x {CALLS})")
+    print(f"no tokens:      {off:.1f} us a request")
+    print(f"a token costs:  {on - off:.1f} us a request")
+
+
+if __name__ == "__main__":
+    main()
