@@ -101,11 +101,14 @@ def run_direct(spec: JobSpec, data_dir: Path, work: Path) -> Run:
 
 
 @contextlib.contextmanager
-def local_cluster(data_dir: Path) -> Iterator[tuple[LocalCluster, httpx.Client]]:
-    """A server and one worker in a temporary directory, and a client of it."""
+def local_cluster(
+    data_dir: Path, secure: bool = True
+) -> Iterator[tuple[LocalCluster, httpx.Client]]:
+    """A server and one worker in a temporary directory, and a client of it
+    (with tokens, as every local cluster has, unless ``secure`` is False)."""
     with (
         tempfile.TemporaryDirectory(prefix="ddpo-bench-") as tmp,
-        LocalCluster(state_dir=Path(tmp), data_dir=data_dir, workers=1) as cluster,
+        LocalCluster(state_dir=Path(tmp), data_dir=data_dir, workers=1, secure=secure) as cluster,
         cluster.client() as client,
     ):
         yield cluster, client

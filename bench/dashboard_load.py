@@ -5,6 +5,7 @@ every third second, as api/dashboard/app.js does), through one local server
 and worker.
 
     python -m bench.dashboard_load --data-dir ../shared/data --rounds 8
+    python -m bench.dashboard_load --data-dir ../shared/data --rounds 8 --compare-open
 
 Within each run the dashboards poll in alternate windows and are silent in
 between (see ``Dashboards``); rank 0's progress reports give the training's
@@ -21,6 +22,7 @@ alongside.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import selectors
@@ -34,7 +36,7 @@ import psutil
 
 from api.schemas import JobSpec, MetricPoint, MetricsPublic
 from bench._runs import bench_parser, local_cluster, run_orchestrated
-from cli.cluster import SERVER_NICE
+from cli.cluster import SERVER_NICE, LocalCluster
 
 DASHBOARDS = 50
 # A span of training counts once the window it is in has been open this
@@ -42,6 +44,9 @@ DASHBOARDS = 50
 SETTLE_S = 0.3
 POLLING = "50 polling /jobs/{id}"
 PAGES = "50 job pages"
+# --compare-open: the same polling against a server with tokens and one without.
+POLLING_TOKENS = "50 polling, tokens"
+POLLING_OPEN = "50 polling, no tokens"
 
 
 @dataclass
@@ -262,18 +267,35 @@ def main(argv: list[str] | None = None) -> None:
         help="the server's nice value (default: local clusters' own, "
         f"{SERVER_NICE}; 0 to compare with the server at the training's priority)",
     )
+    parser.add_argument(
+        "--compare-open",
+        action="store_true",
+        help="instead: 50 polling clients against a server with tokens and against one "
+        "without, both up throughout, taking turns (what checking tokens costs)",
+    )
     args = parser.parse_args(argv)
     spec = JobSpec()
-    ways = (POLLING, PAGES)
+    ways = (POLLING_TOKENS, POLLING_OPEN) if args.compare_open else (POLLING, PAGES)
     # way -> per run: its dashboards, the speeds measured, the server's CPU time
     runs: dict[str, list[tuple[Dashboards, Speeds, float]]] = {way: [] for way in ways}
-    with local_cluster(args.data_dir) as (cluster, client):
-        assert cluster.server is not None
-        server = psutil.Process(cluster.server.process.pid)
-        if args.server_nice is not None:
-            server.nice(args.server_nice)
+    with contextlib.ExitStack() as stack:
+        if args.compare_open:
+            clusters = {
+                POLLING_TOKENS: stack.enter_context(local_cluster(args.data_dir)),
+                POLLING_OPEN: stack.enter_context(local_cluster(args.data_dir, secure=False)),
+            }
+        else:
+            shared = stack.enter_context(local_cluster(args.data_dir))
+            clusters = {way: shared for way in ways}
+        for cluster, _ in clusters.values():
+            assert cluster.server is not None
+            if args.server_nice is not None:
+                psutil.Process(cluster.server.process.pid).nice(args.server_nice)
         for index in range(args.rounds):
             for way in ways if index % 2 == 0 else ways[::-1]:
+                cluster, client = clusters[way]
+                assert cluster.server is not None
+                server = psutil.Process(cluster.server.process.pid)
                 opened: dict[int, Dashboards] = {}
 
                 def watch(
@@ -281,6 +303,7 @@ def main(argv: list[str] | None = None) -> None:
                     way: str = way,
                     opened: dict[int, Dashboards] = opened,
                     polls_odd: bool = index % 2 == 0,
+                    cluster: LocalCluster = cluster,
                 ) -> Dashboards:
                     opened[job_id] = Dashboards(
                         cluster.port,
