@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import json
 import re
 import secrets
 import threading
@@ -30,6 +29,8 @@ from dataclasses import dataclass
 from fastapi import HTTPException
 from pydantic import SecretStr
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api.raw_answers import send_problem
 
 
 class Role(str, enum.Enum):
@@ -260,9 +261,5 @@ def acting_for(own: int | None, node_id: int) -> None:
 
 
 async def _refuse(send: Send, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if status == 401:
-        headers.append((b"www-authenticate", b'Bearer realm="ddpo"'))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    challenge = [(b"www-authenticate", b'Bearer realm="ddpo"')] if status == 401 else []
+    await send_problem(send, status, detail, challenge)

@@ -4,10 +4,11 @@ Content-Length when it is sent, and while the body streams in when not."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.raw_answers import send_problem
 
 
 class BodyLimitMiddleware:
@@ -55,18 +56,5 @@ class BodyLimitMiddleware:
         await self.app(scope, counted, unless_refused)
 
     async def _too_large(self, send: Send) -> None:
-        body = json.dumps(
-            {"detail": f"body: larger than {self.max_bytes} bytes (DDPO_MAX_BODY_KB)"}
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        detail = f"body: larger than {self.max_bytes} bytes (DDPO_MAX_BODY_KB)"
+        await send_problem(send, 413, detail, [(b"connection", b"close")])
