@@ -174,7 +174,7 @@ class Coordinator:
             if node is None:
                 node = Node(name=registration.name, address=registration.address)
                 session.add(node)
-            if caller_node is None or node.id != caller_node:
+            if caller_node is None:  # not the node's own (checked above): a new one
                 credential, node.credential_digest = new_node_credential()
             node.address = registration.address
             node.slots = registration.slots

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp
 
-from api.auth import AuthMiddleware, NodeCredentials, Role, TokenBook
+from api.auth import AuthMiddleware, NodeCredentials, TokenBook
 from api.coordinator import Coordinator
 from api.lifecycle import IllegalTransition
 from api.limits import BodyLimitMiddleware
@@ -65,15 +65,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.notifier = notifier
     app.state.coordinator = coordinator
     app.state.read_cache = ReadCache(db)
-    app.state.tokens = TokenBook(
-        {
-            Role.ADMIN: settings.admin_token,
-            Role.USER: settings.user_token,
-            Role.READER: settings.read_token,
-            Role.JOIN: settings.join_token,
-        },
-        credentials,
-    )
+    app.state.tokens = TokenBook(settings.role_tokens, credentials)
     app.state.registry, app.state.latency = make_registry(db)
     app.add_middleware(LatencyMiddleware, latency=app.state.latency)
     for router in (

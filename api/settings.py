@@ -8,6 +8,8 @@ from typing import Annotated
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from api.auth import Role
+
 
 class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DDPO_", extra="ignore", populate_by_name=True)
@@ -75,11 +77,17 @@ class ServerSettings(BaseSettings):
     )
 
     @property
+    def role_tokens(self) -> dict[Role, SecretStr | None]:
+        return {
+            Role.ADMIN: self.admin_token,
+            Role.USER: self.user_token,
+            Role.READER: self.read_token,
+            Role.JOIN: self.join_token,
+        }
+
+    @property
     def tokens_configured(self) -> bool:
-        return any(
-            t is not None and t.get_secret_value()
-            for t in (self.admin_token, self.user_token, self.read_token, self.join_token)
-        )
+        return any(t is not None and t.get_secret_value() for t in self.role_tokens.values())
 
     @field_validator("cors_origins", mode="before")
     @classmethod

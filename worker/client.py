@@ -45,6 +45,10 @@ class CredentialRefused(Refused):
     a server with a new database)."""
 
 
+def _bearer(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 class ServerClient:
     def __init__(self, base_url: str, timeout_s: float) -> None:
         self._timeout_s = timeout_s
@@ -55,18 +59,26 @@ class ServerClient:
     def close(self) -> None:
         self._http.close()
 
-    def _auth(self, token: str | None = None) -> dict[str, str]:
-        token = token or self.credential
-        return {"Authorization": f"Bearer {token}"} if token else {}
+    def _auth(self) -> dict[str, str]:
+        return _bearer(self.credential)
 
     def _post(
-        self, path: str, body: BaseModel, *, extra_wait_s: float = 0.0, token: str | None = None
+        self,
+        path: str,
+        body: BaseModel,
+        *,
+        extra_wait_s: float = 0.0,
+        auth: dict[str, str] | None = None,
     ) -> object:
+        """POST ``body``, presenting ``auth`` if given, else the node's credential."""
         try:
             response = self._http.post(
                 path,
                 content=body.model_dump_json(),
-                headers={"content-type": "application/json", **self._auth(token)},
+                headers={
+                    "content-type": "application/json",
+                    **(self._auth() if auth is None else auth),
+                },
                 # A long-poll is held open by the server on purpose.
                 timeout=self._timeout_s + extra_wait_s,
             )
@@ -87,9 +99,10 @@ class ServerClient:
         return response.json()
 
     def register(self, registration: NodeRegistration, token: str | None) -> NodeRegistered:
-        """Register presenting ``token``: the node's credential or the join token."""
+        """Register presenting exactly ``token``: the node's credential, the
+        join token, or nothing (a server without tokens)."""
         return NodeRegistered.model_validate(
-            self._post("/nodes/register", registration, token=token)
+            self._post("/nodes/register", registration, auth=_bearer(token))
         )
 
     def poll(
