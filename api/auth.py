@@ -24,11 +24,12 @@ import hashlib
 import re
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import HTTPException
 from pydantic import SecretStr
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.raw_answers import send_problem
 
@@ -85,6 +86,7 @@ RULES: dict[tuple[str, str], frozenset[Role]] = {
     ("POST", "/nodes/register"): NODE | {Role.JOIN},
     ("POST", "/nodes/{node_id}/revoke"): ADMIN,
     ("POST", "/nodes/{node_id}/poll"): NODE,
+    ("POST", "/nodes/{node_id}/heartbeat"): NODE,
     ("POST", "/parts/{part_id}/started"): NODE,
     ("POST", "/parts/{part_id}/rendezvous"): NODE,
     ("POST", "/parts/{part_id}/progress"): NODE,
@@ -213,9 +215,17 @@ def _allowed(method: str, path: str) -> frozenset[Role] | int:
 
 
 class AuthMiddleware:
-    def __init__(self, app: ASGIApp, book: TokenBook) -> None:
+    """Checks the caller against the route's rule. A node's request is also
+    a sign of life (``saw``), noted when it arrives and again when its answer
+    starts: a checkpoint streaming in over a slow link for a minute is a
+    node at work, not a silent one."""
+
+    def __init__(
+        self, app: ASGIApp, book: TokenBook, saw: Callable[[int], None] = lambda _: None
+    ) -> None:
         self.app = app
         self.book = book
+        self.saw = saw
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.book.enabled:
@@ -235,10 +245,21 @@ class AuthMiddleware:
             await _refuse(send, 401, "a valid bearer token is needed (Authorization: Bearer ...)")
         elif caller.role not in allowed:
             await _refuse(send, 403, f"the {caller.role.value} role may not do this")
+        elif caller.node_id is None:
+            scope.setdefault("state", {})[CALLER] = caller
+            await self.app(scope, receive, send)
         else:
             # Routes bound to a node check the node they act for against it.
             scope.setdefault("state", {})[CALLER] = caller
-            await self.app(scope, receive, send)
+            node_id = caller.node_id
+            self.saw(node_id)
+
+            async def send_noting(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    self.saw(node_id)
+                await send(message)
+
+            await self.app(scope, receive, send_noting)
 
 
 # The request-state key the authenticated caller is kept under.

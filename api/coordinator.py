@@ -71,7 +71,8 @@ class Coordinator:
         self._sightings: dict[int, float] = {}
         self._sightings_lock = threading.Lock()
 
-    def _saw(self, node_id: int) -> None:
+    def saw(self, node_id: int) -> None:
+        """Note that a request from this node arrived (any request counts)."""
         with self._sightings_lock:
             self._sightings[node_id] = time.monotonic()
 
@@ -231,7 +232,7 @@ class Coordinator:
     ) -> PollResponse:
         """Heartbeat, place what can be placed, and tell the node what to
         start and what to stop."""
-        self._saw(node_id)
+        self.saw(node_id)
         with self.db.write() as session:
             node = queries.get_node(session=session, node_id=node_id)
             if node is None:
@@ -265,21 +266,26 @@ class Coordinator:
                 for p in mine
                 if p.id in waiting and (port := attempts[p.attempt_id].master_port) is not None
             ]
-            # Stop what the node runs but should not: parts asked to stop, and
-            # parts the server has already settled (or never gave this node).
-            stop = {p.id for p in mine if p.status == PartStatus.STOPPING.value}
-            known = {p.id: p for p in queries.parts_by_ids(session=session, part_ids=reported)}
-            for part_id in reported:
-                part = known.get(part_id)
-                if (
-                    part is None
-                    or part.node_id != node_id
-                    or part.status not in (PartStatus.ASSIGNED.value, PartStatus.RUNNING.value)
-                ):
-                    stop.add(part_id)
             return PollResponse(
-                start=start, stop=sorted(x for x in stop if x is not None), rendezvous=rendezvous
+                start=start, stop=_to_stop(session, node_id, mine, reported), rendezvous=rendezvous
             )
+
+    def heartbeat(self, node_id: int, active_part_ids: list[int]) -> list[int]:
+        """The node is alive; the parts it runs that it must stop. Sent by the
+        daemon's own thread whatever else it is doing (a launch, a transfer
+        over a slow link), so it is light: no placement, no assignments. A
+        node back from a partition learns here, within a heartbeat, which of
+        its parts were given away meanwhile."""
+        self.saw(node_id)
+        with self.db.write() as session:
+            node = queries.get_node(session=session, node_id=node_id)
+            if node is None:
+                raise HTTPException(404, f"node {node_id} not found; register again")
+            if node.state == NodeState.REVOKED.value:
+                raise HTTPException(403, f"node {node_id} was revoked by an admin")
+            node.last_heartbeat_at = utcnow()
+            mine = queries.active_parts_on_nodes(session=session, node_ids=[node_id])
+            return _to_stop(session, node_id, mine, set(active_part_ids))
 
     def sweep_lost_nodes(self) -> bool:
         """Mark nodes that stopped heartbeating as lost, and their parts with them."""
@@ -328,7 +334,7 @@ class Coordinator:
 
     def part_started(self, part_id: int, node_id: int) -> bool:
         """The node launched the part's processes. False: it should not have."""
-        self._saw(node_id)
+        self.saw(node_id)
         with self.db.write() as session:
             part = _owned_part(session, part_id, node_id)
             if part.status != PartStatus.ASSIGNED.value or not _is_current(session, part):
@@ -340,7 +346,7 @@ class Coordinator:
     def record_rendezvous(self, part_id: int, report: RendezvousBound) -> bool:
         """Machine 0's launcher bound the job's rendezvous store on this port;
         the other machines learn it from their next poll."""
-        self._saw(report.node_id)
+        self.saw(report.node_id)
         with self.db.write() as session:
             part = _owned_part(session, part_id, report.node_id)
             if part.machine_id != 0:
@@ -411,7 +417,7 @@ class Coordinator:
             return path, job.checkpoint_epoch
 
     def record_progress(self, part_id: int, batch: ProgressBatch) -> bool:
-        self._saw(batch.node_id)
+        self.saw(batch.node_id)
         with self.db.write() as session:
             part = _owned_part(session, part_id, batch.node_id)
             if not _is_current(session, part):
@@ -454,10 +460,16 @@ class Coordinator:
 
     def record_logs(self, part_id: int, batch: LogBatch) -> bool:
         """Store the lines not stored yet. Lines of an attempt that is no
-        longer current are kept too: they explain what happened to it."""
-        self._saw(batch.node_id)
+        longer current are kept too (they explain what happened to it),
+        except from a part that was lost."""
+        self.saw(batch.node_id)
         with self.db.write() as session:
             part = _owned_part(session, part_id, batch.node_id)
+            if part.status == PartStatus.LOST.value:
+                # Its node was silent and its work given away: what the node
+                # says now comes from ranks that ran on, cut off, and is not
+                # part of any attempt's record.
+                return False
             seen = queries.known_log_offsets(
                 session=session,
                 attempt_id=part.attempt_id,
@@ -488,7 +500,7 @@ class Coordinator:
 
     def finish_part(self, part_id: int, report: PartFinished) -> bool:
         """A node's processes for this part have exited; settle the job."""
-        self._saw(report.node_id)
+        self.saw(report.node_id)
         now = utcnow()
         with self.db.write() as session:
             part = _owned_part(session, part_id, report.node_id)
@@ -652,6 +664,22 @@ def _check_may_register(
             "credential (its credential file) registers under it again. If the file is "
             f"lost, an admin revokes node {node.id} and the machine joins under a new name",
         )
+
+
+def _to_stop(session: Session, node_id: int, mine: list[Part], reported: set[int]) -> list[int]:
+    """What the node runs but should not: parts asked to stop, and parts the
+    server has already settled (or never gave this node)."""
+    stop = {p.id for p in mine if p.status == PartStatus.STOPPING.value}
+    known = {p.id: p for p in queries.parts_by_ids(session=session, part_ids=reported)}
+    for part_id in reported:
+        part = known.get(part_id)
+        if (
+            part is None
+            or part.node_id != node_id
+            or part.status not in (PartStatus.ASSIGNED.value, PartStatus.RUNNING.value)
+        ):
+            stop.add(part_id)
+    return sorted(x for x in stop if x is not None)
 
 
 def _job_or_404(session: Session, job_id: int, *, for_update: bool = False) -> Job:

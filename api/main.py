@@ -94,7 +94,7 @@ class _Orchestrator(FastAPI):
             super().build_middleware_stack(), self.state.read_cache, self.state.latency
         )
         capped = BodyLimitMiddleware(cached, settings.max_body_kb * 1024, _uploads)
-        guarded: ASGIApp = AuthMiddleware(capped, self.state.tokens)
+        guarded: ASGIApp = AuthMiddleware(capped, self.state.tokens, saw=self.state.coordinator.saw)
         if settings.cors_origins:
             # Outermost: a browser's preflight carries no token.
             guarded = CORSMiddleware(

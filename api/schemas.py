@@ -446,6 +446,9 @@ class NodeRegistered(BaseModel):
     )
     heartbeat_timeout_s: float
     poll_wait_s: float
+    heartbeat_interval_s: float = Field(
+        2.0, description="How often the node's heartbeat goes out, whatever else it does"
+    )
 
 
 class PollRequest(_Strict):
@@ -458,6 +461,19 @@ class PollRequest(_Strict):
         description="Parts (machine > 0) whose rendezvous port this node still lacks",
     )
     wait_s: float = Field(0, ge=0, le=30, description="Long-poll: wait this long for news")
+
+
+class HeartbeatRequest(_Strict):
+    active_part_ids: list[Id] = Field(
+        default_factory=list, max_length=1024, description="Parts with processes on this node"
+    )
+
+
+class HeartbeatResponse(BaseModel):
+    stop: list[int] = Field(
+        description="Part ids in active_part_ids whose processes must be stopped (the "
+        "server settled them, or gave them to another node while this one was silent)"
+    )
 
 
 class Assignment(BaseModel):

@@ -96,6 +96,12 @@ class ServerSettings(BaseSettings):
             return [origin.strip() for origin in value.split(",") if origin.strip()]
         return value
 
+    @property
+    def heartbeat_interval_s(self) -> float:
+        """How often a worker's heartbeat thread reports: three chances to be
+        heard within the timeout."""
+        return self.heartbeat_timeout_s / 3
+
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
         if self.poll_wait_s >= self.heartbeat_timeout_s:

@@ -21,6 +21,9 @@ from typing import IO
 
 import httpx
 
+from cli.hosts import TestHosts
+from worker import cores
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
@@ -52,12 +55,18 @@ class ManagedProcess:
 
 
 def _spawn(
-    name: str, args: list[str], log_path: Path, env: Mapping[str, str], cwd: Path
+    name: str,
+    args: list[str],
+    log_path: Path,
+    env: Mapping[str, str],
+    cwd: Path,
+    on: Callable[[list[str]], list[str]] = lambda argv: argv,
 ) -> ManagedProcess:
+    """Start ``python args`` (wrapped by ``on``: run it on a test host)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "ab")  # noqa: SIM115 (closed by ManagedProcess.stop)
     process = subprocess.Popen(
-        [sys.executable, *args],
+        on([sys.executable, *args]),
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -71,6 +80,9 @@ def _spawn(
 
 
 SERVER_NICE = 10
+# The test host the server runs on, and its port there.
+SERVER_HOST = "server"
+DEFAULT_PORT = 8000
 
 
 @dataclass(frozen=True)
@@ -124,12 +136,29 @@ class LocalCluster:
     # open server (loopback only), for comparing with one.
     secure: bool = True
     tokens: ClusterTokens | None = None
+    # Test hosts (cli/hosts.py): the server on the host named "server",
+    # each worker on the host named as its node, each with its own address
+    # and its share of this machine's cores. None: everything on loopback.
+    hosts: TestHosts | None = None
+    # On test hosts: pass each worker its host's address (False: let it
+    # find its own, from its route to the server).
+    advertise_address: bool = True
     server: ManagedProcess | None = None
     worker_processes: list[ManagedProcess] = field(default_factory=list)
 
     @property
+    def server_address(self) -> str:
+        return self.hosts.address(SERVER_HOST) if self.hosts else "127.0.0.1"
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.server_address}:{self.port}"
+
+    def _on(self, host: str) -> Callable[[list[str]], list[str]]:
+        hosts = self.hosts
+        if hosts is None:
+            return lambda argv: argv
+        return lambda argv: hosts.command(host, argv)
 
     @property
     def database_path(self) -> Path:
@@ -165,7 +194,8 @@ class LocalCluster:
     def start(self, timeout_s: float = 60.0) -> None:
         self.state_dir = self.state_dir.resolve()
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.port = self.port or free_port()
+        # A test host has nothing else listening: any port is free there.
+        self.port = self.port or (DEFAULT_PORT if self.hosts else free_port())
         if self.secure and self.tokens is None:
             self.tokens = ClusterTokens.generate()
         if self.tokens is not None:
@@ -192,10 +222,11 @@ class LocalCluster:
         }
         self.server = _spawn(
             "server",
-            ["-m", "api", "--host", "127.0.0.1", "--port", str(self.port)],
+            ["-m", "api", "--host", self.server_address, "--port", str(self.port)],
             self.state_dir / "server.log",
             env,
             self.state_dir,
+            on=self._on(SERVER_HOST),
         )
         self._wait(
             lambda: httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200,
@@ -204,6 +235,15 @@ class LocalCluster:
             self.server,
         )
         return self.server
+
+    def worker_placement(self, name: str) -> list[str]:
+        """Where a worker says it is: loopback, or its test host's address
+        and its share of the cores the hosts share."""
+        if self.hosts is None:
+            return ["--address", "127.0.0.1"]
+        share = max(1, cores.usable_cpus() // max(1, len(self.hosts.names) - 1))
+        advertised = ["--address", self.hosts.address(name)] if self.advertise_address else []
+        return [*advertised, "--cpus", str(share)]
 
     def start_worker(self, name: str, *extra_args: str) -> ManagedProcess:
         work_dir = self.state_dir / name
@@ -216,8 +256,7 @@ class LocalCluster:
                 self.url,
                 "--name",
                 name,
-                "--address",
-                "127.0.0.1",
+                *self.worker_placement(name),
                 "--slots",
                 str(self.worker_slots),
                 "--data-dir",
@@ -230,6 +269,7 @@ class LocalCluster:
             self.state_dir / f"{name}.log",
             {**self.extra_env, **({"DDPO_JOIN_TOKEN": self.tokens.join} if self.tokens else {})},
             self.state_dir,
+            on=self._on(name),
         )
         self.worker_processes.append(worker)
         return worker

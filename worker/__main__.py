@@ -33,7 +33,21 @@ def parse_settings(argv: list[str] | None = None) -> WorkerSettings:
     parser.add_argument(
         "--address",
         help="address other nodes reach this one at; used as MASTER_ADDR when "
-        "this node runs machine 0 [DDPO_WORKER_ADDRESS, default 127.0.0.1]",
+        "this node runs machine 0, and the ranks' collectives use the interface that "
+        "holds it [DDPO_WORKER_ADDRESS, default: the local address of the route to "
+        "the server, 127.0.0.1 when the server is on loopback]",
+    )
+    parser.add_argument(
+        "--interface",
+        help="network interface for the ranks' collectives (sets GLOO_SOCKET_IFNAME, "
+        "NCCL_SOCKET_IFNAME, TP_SOCKET_IFNAME unless already set) "
+        "[DDPO_WORKER_INTERFACE, default: the one holding --address]",
+    )
+    parser.add_argument(
+        "--cpus",
+        type=int,
+        help="cores this node's ranks share (threads per rank = cpus // processes) "
+        "[DDPO_WORKER_CPUS, default: the affinity mask and the cgroup CPU quota]",
     )
     parser.add_argument(
         "--slots", type=int, help="job parts run at once [DDPO_WORKER_SLOTS, default 1]"
@@ -63,7 +77,8 @@ def parse_settings(argv: list[str] | None = None) -> WorkerSettings:
         "(the server's own). The node's credential the server hands out is kept in "
         "<work-dir>/node-credential [DDPO_WORKER_CREDENTIAL_FILE]; a restarted worker "
         "takes its node back with it. Exits 3 if the server refuses the node for good "
-        "(revoked, name taken)."
+        "(revoked, name taken); exits 2 if --address is on none of this host's "
+        "interfaces."
     )
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -10,6 +10,8 @@ from pydantic import BaseModel
 
 from api.schemas import (
     Ack,
+    HeartbeatRequest,
+    HeartbeatResponse,
     LogBatch,
     LogLine,
     NodeRegistered,
@@ -49,15 +51,24 @@ def _bearer(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+# A connection attempt that takes longer is to a host that is not there (a
+# cut link, a server down): give up and try again, rather than wait out the
+# kernel's SYN retries, so a healed link is noticed within seconds.
+CONNECT_TIMEOUT_S = 3.0
+
+
 class ServerClient:
     def __init__(self, base_url: str, timeout_s: float) -> None:
         self._timeout_s = timeout_s
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s)
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=self._timeout(timeout_s))
         # The node's own credential, presented on everything but joining.
         self.credential: str | None = None
 
     def close(self) -> None:
         self._http.close()
+
+    def _timeout(self, seconds: float) -> httpx.Timeout:
+        return httpx.Timeout(seconds, connect=min(self._timeout_s, CONNECT_TIMEOUT_S))
 
     def _auth(self) -> dict[str, str]:
         return _bearer(self.credential)
@@ -80,7 +91,7 @@ class ServerClient:
                     **(self._auth() if auth is None else auth),
                 },
                 # A long-poll is held open by the server on purpose.
-                timeout=self._timeout_s + extra_wait_s,
+                timeout=self._timeout(self._timeout_s + extra_wait_s),
             )
         except httpx.HTTPError as exc:
             raise ServerUnavailable(f"{path}: {exc!r}") from exc
@@ -123,6 +134,13 @@ class ServerClient:
             raise
         return PollResponse.model_validate(data)
 
+    def heartbeat(self, node_id: int, active_part_ids: list[int]) -> list[int]:
+        """The node is alive; the parts among ``active_part_ids`` to stop."""
+        data = self._post(
+            f"/nodes/{node_id}/heartbeat", HeartbeatRequest(active_part_ids=active_part_ids)
+        )
+        return HeartbeatResponse.model_validate(data).stop
+
     def started(self, part_id: int, node_id: int) -> bool:
         ack = Ack.model_validate(
             self._post(f"/parts/{part_id}/started", PartStarted(node_id=node_id))
@@ -141,7 +159,7 @@ class ServerClient:
                     params={"node_id": node_id, "epoch": epoch},
                     content=body,
                     headers={"content-type": "application/octet-stream", **self._auth()},
-                    timeout=self._timeout_s * 10,
+                    timeout=self._timeout(self._timeout_s * 10),
                 )
         except httpx.HTTPError as exc:
             raise ServerUnavailable(f"checkpoint upload: {exc!r}") from exc
@@ -152,7 +170,10 @@ class ServerClient:
         partial = destination.with_name(destination.name + ".partial")
         try:
             with self._http.stream(
-                "GET", f"/jobs/{job_id}/model", timeout=self._timeout_s * 10, headers=self._auth()
+                "GET",
+                f"/jobs/{job_id}/model",
+                timeout=self._timeout(self._timeout_s * 10),
+                headers=self._auth(),
             ) as response:
                 if response.status_code != 200:
                     response.read()

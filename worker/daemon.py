@@ -16,7 +16,7 @@ import time
 from types import FrameType
 
 from api.schemas import Assignment, NodeRegistered, NodeRegistration, PartFinished
-from worker import credentials, runfiles, trainers
+from worker import cores, credentials, network, runfiles, trainers
 from worker.client import (
     CredentialRefused,
     NodeUnknown,
@@ -25,6 +25,7 @@ from worker.client import (
     ServerUnavailable,
 )
 from worker.forkserver import ForkServer
+from worker.heartbeat import Heartbeat
 from worker.part import PartProcess, run_dir_for
 from worker.settings import WorkerSettings
 
@@ -41,6 +42,8 @@ RESUME_FILE = "resume.pt"
 LOG_LINES_PER_REQUEST = 2000
 # The daemon's exit status when the server will not have this node.
 EXIT_REFUSED = 3
+# ... and when its --address is not this host's.
+EXIT_BAD_ADDRESS = 2
 
 
 class CannotJoin(RuntimeError):
@@ -74,6 +77,10 @@ class Worker:
         self._backoff_s = 0.5
         self._forks: ForkServer | None = None
         self._forks_awaited = False
+        self._heartbeat: Heartbeat | None = None
+        # Resolved at each registration: the route to the server may change.
+        self.network: network.NodeAddress | None = None
+        self.cpus = cores.usable_cpus(settings.cpus)
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -90,6 +97,9 @@ class Worker:
         except CannotJoin as exc:
             log.error("the server refused this node: %s", exc)
             return EXIT_REFUSED
+        except network.AddressNotLocal as exc:
+            log.error("cannot serve as a node: %s", exc)
+            return EXIT_BAD_ADDRESS
         finally:
             self._shutdown()
         return 0
@@ -106,6 +116,16 @@ class Worker:
         signal.signal(signal.SIGINT, handler)
 
     def _register(self) -> None:
+        try:
+            self.network = network.node_address(
+                self.settings.server_url,
+                self.settings.address,
+                self.settings.interface,
+                network.local_addresses(),
+            )
+        except OSError as exc:  # no route to the server (yet)
+            self._server_unavailable(exc)
+            return
         # Ready to fork launchers before offering to run anything: the first
         # job then starts as fast as the next ones.
         self._prewarm()
@@ -115,12 +135,10 @@ class Worker:
                 log.warning("the launcher fork server is not ready; launching afresh until it is")
         registration = NodeRegistration(
             name=self.settings.name,
-            address=self.settings.address,
+            address=self.network.address,
             slots=self.settings.slots,
             gpus=self.settings.gpus if self.settings.gpus is not None else count_gpus(),
-            cpus=len(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity")
-            else os.cpu_count() or 1,
+            cpus=self.cpus,
             trainers=sorted(trainers.available(self.settings.trainers)),
         )
         try:
@@ -131,12 +149,39 @@ class Worker:
         self._server_available()
         self.node_id = registered.node_id
         log.info(
-            "registered as node %d (%s, %s) with %s",
+            "registered as node %d (%s, %s; collectives on %s; %d cpu(s)) with %s",
             self.node_id,
             registration.name,
             registration.address,
+            self.network.interface,
+            self.cpus,
             self.settings.server_url,
         )
+        self._start_heartbeat(registered)
+
+    def _start_heartbeat(self, registered: NodeRegistered) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.close()
+        self._heartbeat = Heartbeat(
+            server_url=self.settings.server_url,
+            credential=self.client.credential,
+            node_id=registered.node_id,
+            interval_s=registered.heartbeat_interval_s,
+            active_part_ids=lambda: sorted(self.parts),
+            stop_parts=self._stop_given_away,
+        ).start()
+
+    def _stop_given_away(self, part_ids: list[int]) -> None:
+        """The heartbeat's answer: these parts are no longer this node's."""
+        for part_id in part_ids:
+            part = self.parts.get(part_id)
+            if part is not None and part.stop_requested_at is None:
+                log.info(
+                    "stopping part %d (job %d): the heartbeat says it is not this node's",
+                    part_id,
+                    part.assignment.job_id,
+                )
+                part.request_stop()
 
     def _join(self, registration: NodeRegistration) -> NodeRegistered:
         """Register with the node's saved credential if this machine has one
@@ -198,6 +243,8 @@ class Worker:
                     self._report_shutdown(part_id)
                     del self.parts[part_id]
             time.sleep(0.1)
+        if self._heartbeat is not None:
+            self._heartbeat.close()
         if self._forks is not None:
             self._forks.close()
         self.client.close()
@@ -295,7 +342,15 @@ class Worker:
                 )
                 return
         try:
-            part = PartProcess.launch(assignment, self.settings, self._forks, resume_from)
+            assert self.network is not None
+            part = PartProcess.launch(
+                assignment,
+                self.settings,
+                interface=self.network.interface,
+                cpus=self.cpus,
+                forks=self._forks,
+                resume_from=resume_from,
+            )
         except OSError as exc:
             self._launch_failed(assignment.part_id, f"launch the part: {exc}")
             return
@@ -394,8 +449,17 @@ class Worker:
         if latest is None or latest[1] <= part.uploaded_epoch:
             return True
         path, epoch = latest
+        began = time.monotonic()
         try:
+            size = path.stat().st_size
             self.client.upload_checkpoint(part_id, self.node_id, epoch, path)
+            log.info(
+                "part %d: checkpoint of epoch %d uploaded (%d bytes) in %.1f s",
+                part_id,
+                epoch,
+                size,
+                time.monotonic() - began,
+            )
         except ServerUnavailable as exc:
             self._server_unavailable(exc)
             return False

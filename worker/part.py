@@ -63,6 +63,9 @@ class PartProcess:
         cls,
         assignment: Assignment,
         settings: WorkerSettings,
+        *,
+        interface: str | None,
+        cpus: int,
         forks: ForkServer | None = None,
         resume_from: Path | None = None,
     ) -> PartProcess:
@@ -75,6 +78,8 @@ class PartProcess:
             process_group_timeout_s=settings.process_group_timeout_s,
             parent_pid=os.getpid(),
             resume_from=resume_from,
+            interface=interface,
+            cpus=cpus,
         )
         runfiles.write_launch(config)
         known = assignment.master_port is not None and assignment.machine_id > 0

@@ -12,18 +12,18 @@ from time import perf_counter
 import torch
 import torch.distributed as dist
 
-from worker import checkpoints, local_allreduce, runfiles, trainers
+from worker import checkpoints, local_allreduce, network, runfiles, trainers
 from worker._process import die_with_parent
 from worker.context import TrainContext
 
 
 def threads_for(config: runfiles.LaunchConfig) -> int:
-    """The spec's choice, else this node's share: its cores over the local ranks."""
+    """The spec's choice, else this node's share: the cores its worker may
+    use (affinity, cgroup quota, --cpus) over the local ranks."""
     chosen = config.assignment.spec.performance.threads_per_process
     if chosen is not None:
         return chosen
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // config.local_processes)
+    return max(1, config.cpus // config.local_processes)
 
 
 def run_rank(
@@ -52,6 +52,9 @@ def run_rank(
         LOCAL_WORLD_SIZE=str(spec.topology.num_processes),
         # Machine 0's launcher hosts the store; every rank is its client.
         TORCHELASTIC_USE_AGENT_STORE="True",
+        # Collectives bind and advertise the interface of the node's address,
+        # not whatever the host name resolves to (often loopback).
+        **network.collective_env(config.interface, os.environ),
     )
     if spec.backend == "nccl":
         torch.cuda.set_device(local_rank)

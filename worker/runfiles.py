@@ -27,6 +27,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from api.schemas import MAX_LOG_LINE_CHARS, Assignment, LogLine, ProgressReport, TrainResult
+from worker import cores
 
 LAUNCH = "launch.json"
 PROGRESS = "progress.jsonl"
@@ -64,6 +65,12 @@ class LaunchConfig(BaseModel):
     process_group_timeout_s: float
     parent_pid: int
     resume_from: Path | None = Field(None, description="A checkpoint to continue from")
+    interface: str | None = Field(
+        None, description="The network interface the ranks' collectives bind and advertise"
+    )
+    cpus: int = Field(
+        default_factory=cores.usable_cpus, ge=1, description="Cores this node's ranks share"
+    )
 
     @property
     def local_processes(self) -> int:

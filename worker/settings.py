@@ -28,8 +28,22 @@ class WorkerSettings(BaseSettings):
         description="The ddpo server",
     )
     name: str = Field(default_factory=_default_name, pattern=NAME_PATTERN)
-    address: str = Field(
-        "127.0.0.1", description="Address other nodes reach this one at (MASTER_ADDR)"
+    address: str | None = Field(
+        None,
+        description="Address other nodes reach this one at (MASTER_ADDR); None: the "
+        "local address of this host's route to the server",
+    )
+    interface: str | None = Field(
+        None,
+        description="Network interface the ranks' collectives use (gloo, NCCL); None: "
+        "the one holding the address",
+    )
+    cpus: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="Cores this node's ranks share; None: the affinity mask and the "
+        "cgroup CPU quota",
     )
     slots: int = Field(1, ge=1, le=64, description="Job parts run at once")
     gpus: int | None = Field(None, ge=0, description="GPUs offered; None: count them")

@@ -18,6 +18,8 @@ from api.deps import (
     SettingsDep,
 )
 from api.schemas import (
+    HeartbeatRequest,
+    HeartbeatResponse,
     NodePublic,
     NodeRegistered,
     NodeRegistration,
@@ -54,6 +56,7 @@ def register_node(
         credential=credential,
         heartbeat_timeout_s=settings.heartbeat_timeout_s,
         poll_wait_s=settings.poll_wait_s,
+        heartbeat_interval_s=settings.heartbeat_interval_s,
     )
 
 
@@ -69,6 +72,20 @@ def revoke_node(
     if node is None:
         raise HTTPException(404, f"node {node_id} not found")
     return node
+
+
+@router.post("/{node_id}/heartbeat", response_model=HeartbeatResponse)
+def heartbeat(
+    node_id: NodeId,
+    request: HeartbeatRequest,
+    coordinator: CoordinatorDep,
+    caller_node: CallerNodeDep,
+) -> HeartbeatResponse:
+    """The node is alive (sent every ``heartbeat_interval_s`` by the worker's
+    own thread, whatever its main loop is doing); answered at once with the
+    parts it runs that it must stop."""
+    acting_for(caller_node, node_id)
+    return HeartbeatResponse(stop=coordinator.heartbeat(node_id, request.active_part_ids))
 
 
 @router.post("/{node_id}/poll", response_model=PollResponse)

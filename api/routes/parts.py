@@ -116,6 +116,8 @@ async def upload_checkpoint(
     try:
         with open(staged, "wb") as f:
             async for chunk in request.stream():
+                # Bytes arriving are a live node, over however slow a link.
+                coordinator.saw(node_id)
                 size += len(chunk)
                 if size > limit:
                     raise HTTPException(

@@ -1,0 +1,290 @@
+"""Several machines for real: the server and each worker on a test host of
+its own (a network namespace with its own address, cli/hosts.py), the
+host name resolving to loopback on every one of them, as on most Debian
+and Ubuntu machines. Jobs train across the bridge; links are slowed and
+cut. CI sets DDPO_REQUIRE_TEST_HOSTS: there these tests never skip."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from cli import hosts as test_hosts
+from cli.cluster import LocalCluster
+from cli.hosts import TestHosts
+from tests.e2e.conftest import Jobs, record, still_running, until
+from worker import cores
+
+pytestmark = pytest.mark.e2e
+
+HEARTBEAT_TIMEOUT_S = 6.0
+
+
+def require_test_hosts() -> None:
+    reason = test_hosts.unavailable_reason()
+    if reason is None:
+        return
+    if os.environ.get("DDPO_REQUIRE_TEST_HOSTS"):
+        pytest.fail(f"DDPO_REQUIRE_TEST_HOSTS is set but test hosts cannot be made: {reason}")
+    pytest.skip(f"test hosts unavailable: {reason}")
+
+
+@contextlib.contextmanager
+def hosted_cluster(
+    state_dir: Path, data_dir: Path, workers: int, **options: object
+) -> Iterator[tuple[TestHosts, LocalCluster]]:
+    """The server on host "server", worker node-i on host "node-i"."""
+    require_test_hosts()
+    names = ["server", *(f"node-{i}" for i in range(workers))]
+    with (
+        TestHosts(names) as hosts,
+        LocalCluster(
+            state_dir=state_dir,
+            data_dir=data_dir,
+            workers=workers,
+            hosts=hosts,
+            **options,  # type: ignore[arg-type]
+        ) as cluster,
+    ):
+        yield hosts, cluster
+
+
+@pytest.fixture(scope="module")
+def three(
+    mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[TestHosts, LocalCluster]]:
+    """Three worker hosts: a 2-machine job, and a third host to move to."""
+    assert "GLOO_SOCKET_IFNAME" not in os.environ, "the tests must not pick the interface"
+    with hosted_cluster(
+        tmp_path_factory.mktemp("multihost"),
+        mnist_dir,
+        workers=3,
+        server_env={
+            "DDPO_RETRY_BACKOFF_S": "0.5",
+            "DDPO_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S),
+        },
+    ) as running:
+        yield running
+
+
+@pytest.fixture
+def jobs(three: tuple[TestHosts, LocalCluster]) -> Iterator[Jobs]:
+    hosts, cluster = three
+    with cluster.client() as client:
+        yield Jobs(client)
+        for name in hosts.names:
+            hosts.link_up(name)
+            hosts.clear_rate(name)
+        for job in client.get("/jobs", params={"limit": 500}).json()["data"]:
+            if job["status"] in ("queued", "running"):
+                client.post(f"/jobs/{job['id']}/cancel")
+        until(lambda: not any(n["parts"] for n in client.get("/nodes").json()), 60, "idle nodes")
+
+
+def gradient_bytes() -> int:
+    from worker.mnist import Net
+
+    return sum(p.numel() * p.element_size() for p in Net().parameters())
+
+
+def node_of(job: dict[str, object], machine_id: int) -> dict[str, str]:
+    parts = job["parts"]
+    assert isinstance(parts, list)
+    part: dict[str, str] = next(p for p in parts if p["machine_id"] == machine_id)
+    return part
+
+
+def test_a_2x1_job_trains_across_hosts_over_the_bridge(
+    jobs: Jobs, three: tuple[TestHosts, LocalCluster]
+) -> None:
+    hosts, cluster = three
+    steps = 30
+    before = {name: hosts.bytes_moved(name) for name in hosts.names}
+    job_id = jobs.submit(machines=2, processes=1, batch_size=64, max_steps_per_epoch=steps)
+    job = jobs.wait_done(job_id)
+    assert job["status"] == "succeeded", job["error"]
+
+    machine0, machine1 = node_of(job, 0), node_of(job, 1)
+    # The rendezvous is at machine 0's host address, and every node
+    # advertises its own host's address: nothing here says 127.0.0.1.
+    assert job["master_addr"] == hosts.address(machine0["node_name"])
+    for part in (machine0, machine1):
+        assert part["node_address"] == hosts.address(part["node_name"])
+    # The gradients crossed the bridge: each step all-reduces them between
+    # the two hosts, so each host sent and received at least their size.
+    least = steps * gradient_bytes()
+    for part in (machine0, machine1):
+        name = part["node_name"]
+        received = hosts.bytes_moved(name)[0] - before[name][0]
+        sent = hosts.bytes_moved(name)[1] - before[name][1]
+        assert sent >= least and received >= least, (name, sent, received, least)
+    record(
+        "2 x 1 across two test hosts",
+        steps=steps,
+        gradient_bytes_per_step=gradient_bytes(),
+        sent_by_machine_1=hosts.bytes_moved(machine1["node_name"])[1]
+        - before[machine1["node_name"]][1],
+    )
+
+
+def training_processes(cluster: LocalCluster, name: str) -> list[psutil.Process]:
+    """The launchers and ranks below a node's daemon (not its fork server)."""
+    worker = next(w for w in cluster.worker_processes if w.name == name)
+    found: list[psutil.Process] = []
+    for child in psutil.Process(worker.process.pid).children():
+        if "worker.forkserver" in child.cmdline():
+            found += child.children(recursive=True)
+        else:
+            found += [child, *child.children(recursive=True)]
+    return found
+
+
+def rows_of_attempt(cluster: LocalCluster, job_id: int, number: int) -> tuple[int, int]:
+    """(progress rows, log rows) stored for one attempt of a job."""
+    with sqlite3.connect(cluster.database_path) as db:
+        (attempt_id,) = db.execute(
+            "SELECT id FROM attempt WHERE job_id = ? AND number = ?", (job_id, number)
+        ).fetchone()
+        counts = [
+            db.execute(f"SELECT COUNT(*) FROM {table} WHERE attempt_id = ?", (attempt_id,))
+            for table in ("progress", "log_line")
+        ]
+        return counts[0].fetchone()[0], counts[1].fetchone()[0]
+
+
+def test_a_cut_link_moves_the_job_to_another_host_and_fences_the_stale_ranks(
+    jobs: Jobs, three: tuple[TestHosts, LocalCluster]
+) -> None:
+    hosts, cluster = three
+    job_id = jobs.submit(
+        machines=2, processes=1, batch_size=64, epochs=2, max_steps_per_epoch=300, max_restarts=1
+    )
+    job = jobs.wait(
+        job_id,
+        lambda j: (
+            j["checkpoint"] is not None
+            and j["progress"] is not None
+            and j["progress"]["epoch"] == 2
+        ),
+        180,
+        "epoch 2, after the checkpoint of epoch 1",
+    )
+    assert job["status"] == "running"
+    survivor, victim = node_of(job, 0)["node_name"], node_of(job, 1)["node_name"]
+    (third,) = set(hosts.names) - {"server", survivor, victim}
+    stale = training_processes(cluster, victim)
+    assert stale, f"nothing runs on {victim}"
+
+    hosts.link_down(victim)
+    cut_at = time.monotonic()
+    with cluster.client() as client:
+
+        def state_of(name: str) -> str:
+            nodes = client.get("/nodes").json()
+            state: str = next(n["state"] for n in nodes if n["name"] == name)
+            return state
+
+        left = jobs.wait(job_id, lambda j: j["status"] != "running", 10, "the job to leave running")
+        left_running_s = time.monotonic() - cut_at
+        until(lambda: state_of(victim) == "lost", HEARTBEAT_TIMEOUT_S + 2, f"{victim} lost")
+        lost_s = time.monotonic() - cut_at
+        moved = jobs.wait(
+            job_id,
+            lambda j: j["attempt"] == 2 and j["status"] == "running",
+            60,
+            "the retry to start",
+        )
+        assert {p["node_name"] for p in moved["parts"]} == {survivor, third}
+        assert moved["attempts"][0]["error"]["reason"] == "node_lost", moved["attempts"]
+        assert moved["attempts"][1]["resumed_from_epoch"] == 1
+        rows_at_heal = rows_of_attempt(cluster, job_id, number=1)
+
+        hosts.link_up(victim)
+        healed_at = time.monotonic()
+        until(lambda: still_running(stale) == [], 5, "the stale ranks to be stopped")
+        stale_gone_s = time.monotonic() - healed_at
+        # The healed node's daemon has settled what it held: its reports
+        # were refused and it let go of the part.
+        victim_log = cluster.state_dir / f"{victim}.log"
+        old_part = re.compile(rf"part \d+ \(job {job_id} machine 1\) (cancelled|failed)")
+        until(
+            lambda: old_part.search(victim_log.read_text()),
+            60,
+            f"{victim}'s daemon to let go of the old part",
+        )
+        until(lambda: state_of(victim) == "live", 30, f"{victim} live again")
+        rows_after = rows_of_attempt(cluster, job_id, number=1)
+        assert rows_after == rows_at_heal, "the cut-off node's reports landed"
+
+    done = jobs.wait_done(job_id, timeout_s=240)
+    assert done["status"] == "succeeded", done["error"]
+    assert left["status"] == "queued"
+    record(
+        "cut machine 1's link mid-epoch (2 x 1, three worker hosts, max_restarts=1)",
+        left_running_s=round(left_running_s, 2),
+        node_lost_s=round(lost_s, 2),
+        heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+        stale_ranks_gone_after_heal_s=round(stale_gone_s, 2),
+        old_attempt_rows_added_after_heal=sum(rows_after) - sum(rows_at_heal),
+    )
+
+
+def test_a_checkpoint_slower_than_the_heartbeat_timeout_keeps_its_node_live(
+    jobs: Jobs, three: tuple[TestHosts, LocalCluster]
+) -> None:
+    hosts, cluster = three
+    # About 3.6 MB of checkpoint (model and Adadelta's state) at 1.5 Mbit/s:
+    # some 20 s, over three heartbeat timeouts.
+    for name in hosts.names:
+        if name != "server":
+            hosts.limit_rate(name, 1.5)
+    job_id = jobs.submit(machines=1, processes=1, max_steps_per_epoch=10)
+    job = jobs.wait_done(job_id, timeout_s=240)
+    assert job["status"] == "succeeded", job["error"]
+    assert job["attempt"] == 1
+    name = node_of(job, 0)["node_name"]
+    log = (cluster.state_dir / f"{name}.log").read_text()
+    uploads = re.findall(r"checkpoint of epoch 1 uploaded \((\d+) bytes\) in ([\d.]+) s", log)
+    assert uploads, f"no checkpoint upload in {name}'s log"
+    size, seconds = int(uploads[-1][0]), float(uploads[-1][1])
+    assert seconds > 2 * HEARTBEAT_TIMEOUT_S, f"the upload took only {seconds} s"
+    with cluster.client() as client:
+        nodes = client.get("/nodes").json()
+    assert all(n["state"] == "live" for n in nodes), nodes
+    record(
+        "checkpoint upload over a 1.5 Mbit/s link",
+        checkpoint_bytes=size,
+        upload_s=seconds,
+        heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+        node_lost=False,
+    )
+
+
+def test_a_worker_without_an_address_advertises_its_route_to_the_server(
+    mnist_dir: Path, tmp_path: Path
+) -> None:
+    with hosted_cluster(tmp_path, mnist_dir, workers=2, advertise_address=False) as (
+        hosts,
+        cluster,
+    ):
+        with cluster.client() as client:
+            nodes = {n["name"]: n for n in client.get("/nodes").json()}
+            for name in ("node-0", "node-1"):
+                # The host name resolves to loopback there; the node still
+                # advertises the address its peers reach it at.
+                assert nodes[name]["address"] == hosts.address(name)
+                # Its share of the cores the test hosts share.
+                assert nodes[name]["cpus"] == max(1, cores.usable_cpus() // 2)
+        with cluster.client() as client:
+            job_id = Jobs(client).submit(machines=2, processes=1, max_steps_per_epoch=10)
+            job = Jobs(client).wait_done(job_id)
+        assert job["status"] == "succeeded", job["error"]
+        assert job["master_addr"] == hosts.address(node_of(job, 0)["node_name"])

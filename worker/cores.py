@@ -1,0 +1,92 @@
+"""How many cores this node's ranks may really use.
+
+``os.cpu_count()`` is the host's; a container limited to 2 CPUs on a 64-core
+host sees 64 there, and 64 threads per rank on 2 CPUs' worth of quota spend
+their time waiting for the scheduler. The answer is the smallest of the CPU
+affinity mask and the cgroup's CPU quota (v2 ``cpu.max``, v1
+``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``), rounded up.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def affinity_cpus() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def quota_cpus(quota_us: int, period_us: int) -> int | None:
+    """CPUs' worth of a CFS quota; None when unlimited (a quota < 0)."""
+    if quota_us < 0 or period_us <= 0:
+        return None
+    return max(1, math.ceil(quota_us / period_us))
+
+
+def parse_cpu_max(text: str) -> int | None:
+    """cgroup v2 ``cpu.max``: ``"max 100000"`` or ``"200000 100000"``."""
+    words = text.split()
+    if len(words) != 2 or words[0] == "max":
+        return None
+    return quota_cpus(int(words[0]), int(words[1]))
+
+
+def _own_cgroups(proc_cgroup: str) -> dict[str, str]:
+    """controller -> this process's cgroup path ("" is v2's unified one)."""
+    found: dict[str, str] = {}
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            found[controller] = path
+    return found
+
+
+def cgroup_cpus(root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> int | None:
+    """The CPU quota of this process's cgroup and its ancestors (the
+    tightest), None if none is set or cgroups cannot be read."""
+    try:
+        own = _own_cgroups(proc_cgroup or Path("/proc/self/cgroup").read_text())
+    except (OSError, ValueError):
+        return None
+    limits: list[int] = []
+    if "" in own and (root / "cgroup.controllers").exists():
+        folder = root / own[""].lstrip("/")
+        while True:
+            try:
+                limit = parse_cpu_max((folder / "cpu.max").read_text())
+            except (OSError, ValueError):
+                limit = None
+            if limit is not None:
+                limits.append(limit)
+            if folder == root or root not in folder.parents:
+                break
+            folder = folder.parent
+    elif "cpu" in own:
+        base = next((root / n for n in ("cpu", "cpu,cpuacct") if (root / n).is_dir()), None)
+        if base is not None:
+            # Inside a container the controller's root is its own cgroup.
+            for folder in dict.fromkeys([base / own["cpu"].lstrip("/"), base]):
+                try:
+                    quota = int((folder / "cpu.cfs_quota_us").read_text())
+                    period = int((folder / "cpu.cfs_period_us").read_text())
+                except (OSError, ValueError):
+                    continue
+                if (limit := quota_cpus(quota, period)) is not None:
+                    limits.append(limit)
+    return min(limits) if limits else None
+
+
+def usable_cpus(declared: int | None = None) -> int:
+    """``declared`` (the worker's --cpus) if given, else what the affinity
+    mask and the cgroup quota leave."""
+    if declared is not None:
+        return declared
+    quota = cgroup_cpus()
+    affinity = affinity_cpus()
+    return min(affinity, quota) if quota is not None else affinity

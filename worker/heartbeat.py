@@ -1,0 +1,74 @@
+"""The node's sign of life, sent from a thread of its own.
+
+The daemon's loop blocks for seconds at a time: launching a part, uploading
+a checkpoint over a slow link, shipping a large batch of logs. A heartbeat
+tied to that loop goes quiet exactly when the node is busiest, and the
+server would take a working node for a lost one. This thread beats every
+``interval_s`` on a connection of its own, whatever the loop is doing, and
+stops the parts the server says are no longer this node's: after a
+partition heals, that is within one beat, even if the loop is still stuck
+in a request that was cut off.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from worker.client import Refused, ServerClient, ServerUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        *,
+        server_url: str,
+        credential: str | None,
+        node_id: int,
+        interval_s: float,
+        active_part_ids: Callable[[], list[int]],
+        stop_parts: Callable[[list[int]], None],
+    ) -> None:
+        # A beat never outlasts its period: a late answer is worth less than
+        # the next beat.
+        self._client = ServerClient(server_url, timeout_s=interval_s)
+        self._client.credential = credential
+        self._node_id = node_id
+        self._interval_s = interval_s
+        self._active_part_ids = active_part_ids
+        self._stop_parts = stop_parts
+        self._closed = threading.Event()
+        self._failing = False
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(self._interval_s + 1)
+        self._client.close()
+
+    def _run(self) -> None:
+        while not self._closed.wait(self._interval_s):
+            self.beat()
+
+    def beat(self) -> None:
+        try:
+            stop = self._client.heartbeat(self._node_id, self._active_part_ids())
+        except (ServerUnavailable, Refused) as exc:
+            # The loop sees the same trouble on its own requests and acts on
+            # it (registers again, exits if revoked); a line here is enough.
+            if not self._failing:
+                log.warning("heartbeat not taken: %s", exc)
+            self._failing = True
+            return
+        if self._failing:
+            log.info("heartbeat taken again")
+        self._failing = False
+        if stop:
+            self._stop_parts(stop)
