@@ -13,7 +13,7 @@ from api.main import create_app
 from api.settings import ServerSettings
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ddpo-server",
         description="Run the ddpo REST server. Every flag has an environment "
@@ -37,6 +37,11 @@ def main(argv: list[str] | None = None) -> None:
         help="seconds of silence before a node is lost [DDPO_HEARTBEAT_TIMEOUT_S, default 6]",
     )
     parser.add_argument("--log-level", help="[DDPO_LOG_LEVEL, default info]")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     settings = ServerSettings(**overrides)

@@ -20,9 +20,10 @@ def add_study_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rows",
         nargs="+",
-        metavar="PROCESSES:BATCH",
+        metavar="[MACHINESx]PROCESSES:BATCH",
         default=["1:128", "2:64", "4:32", "8:16"],
-        help="processes per machine and batch size per process, one per row "
+        help="processes per machine and batch size per process, one per row, "
+        "optionally with the machines (2x1:64; default --machines) "
         "(default 1:128 2:64 4:32 8:16: the global batch stays 128)",
     )
 
@@ -30,17 +31,18 @@ def add_study_arguments(parser: argparse.ArgumentParser) -> None:
 def study_request(args: argparse.Namespace) -> dict[str, object]:
     rows = []
     for row in args.rows:
-        processes, _, batch = row.partition(":")
+        topology, _, batch = row.partition(":")
+        machines, x, processes = topology.rpartition("x")
         try:
             rows.append(
                 {
-                    "num_machines": args.machines,
+                    "num_machines": int(machines) if x else args.machines,
                     "num_processes": int(processes),
                     "batch_size": int(batch),
                 }
             )
         except ValueError:
-            raise SystemExit(f"--rows: {row!r} is not PROCESSES:BATCH") from None
+            raise SystemExit(f"--rows: {row!r} is not [MACHINESx]PROCESSES:BATCH") from None
     return {"name": args.name, "spec": spec_from_args(args), "rows": rows}
 
 

@@ -17,7 +17,7 @@ def _trainer(value: str) -> tuple[str, str]:
     return name, target
 
 
-def parse_settings(argv: list[str] | None = None) -> WorkerSettings:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ddpo-worker",
         description="Run a ddpo node: register with the server, take job parts, "
@@ -80,7 +80,11 @@ def parse_settings(argv: list[str] | None = None) -> WorkerSettings:
         "(revoked, name taken); exits 2 if --address is on none of this host's "
         "interfaces."
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_settings(argv: list[str] | None = None) -> WorkerSettings:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

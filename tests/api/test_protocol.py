@@ -4,6 +4,7 @@ so every state can be reached exactly."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -382,3 +383,56 @@ def test_a_waiting_peer_hears_the_port_within_its_poll(tmp_path: Path) -> None:
         poller.join(10)
         assert not poller.is_alive(), "the waiting peer was not woken by the port"
         assert answers[0]["rendezvous"] == [{"part_id": waiting, "master_port": 41000}]
+
+
+def beat(node: ProtocolNode, active: list[int]) -> list[int]:
+    response = node.client.post(
+        f"/nodes/{node.node_id}/heartbeat", json={"active_part_ids": active}, headers=node.headers
+    )
+    stop: list[int] = response.raise_for_status().json()["stop"]
+    return stop
+
+
+def test_heartbeats_alone_keep_a_node_live_and_say_what_to_stop(tmp_path: Path) -> None:
+    """A daemon busy for longer than the timeout (a launch, an upload over a
+    slow link) sends nothing but heartbeats from its own thread."""
+    settings = make_settings(
+        tmp_path, heartbeat_timeout_s=1.0, poll_wait_s=0.2, sweep_interval_s=0.1
+    )
+    with ThreadedServer(settings) as server, httpx.Client(base_url=server.url) as client:
+        a = ProtocolNode(client, "a")
+        job_id = submit(client)
+        part_id = a.poll()["start"][0]["part_id"]
+        deadline = time.monotonic() + 3 * settings.heartbeat_timeout_s
+        while time.monotonic() < deadline:
+            assert beat(a, [part_id]) == []
+            time.sleep(settings.heartbeat_timeout_s / 3)
+        assert {n["name"]: n["state"] for n in client.get("/nodes").json()} == {"a": "live"}
+        assert job(client, job_id)["status"] == "running"
+        # Parts the server settled, and parts it never gave this node, are
+        # to be stopped; so are parts of a cancelled job.
+        assert beat(a, [part_id, 999]) == [999]
+        client.post(f"/jobs/{job_id}/cancel").raise_for_status()
+        assert beat(a, [part_id]) == [part_id]
+
+
+def test_a_lost_parts_late_logs_and_progress_are_refused(tmp_path: Path) -> None:
+    settings = make_settings(
+        tmp_path, heartbeat_timeout_s=1.0, poll_wait_s=0.2, sweep_interval_s=0.1
+    )
+    with ThreadedServer(settings) as server, httpx.Client(base_url=server.url) as client:
+        a = ProtocolNode(client, "a")
+        job_id = submit(client)
+        part_id = a.poll()["start"][0]["part_id"]
+        wait_for(lambda: job(client, job_id)["status"] == "failed", what="node a to be lost")
+        assert job(client, job_id)["parts"][0]["status"] == "lost"
+        line = {"rank": 0, "offset": 0, "text": "still here", "at": "2026-12-01T00:00:00Z"}
+        logs = client.post(
+            f"/parts/{part_id}/logs",
+            json={"node_id": a.node_id, "lines": [line]},
+            headers=a.headers,
+        )
+        assert logs.json() == {"accepted": False}
+        assert client.get(f"/jobs/{job_id}/logs").json()["lines"] == []
+        # Back from the partition, its heartbeat says to stop the part.
+        assert beat(a, [part_id]) == [part_id]

@@ -40,3 +40,23 @@ def test_speedup_and_efficiency_are_against_the_first_row() -> None:
     assert [r.efficiency for r in rows] == [1.0, 1.0, 0.625, None]
     assert [r.global_batch_size for r in rows] == [128, 128, 128, 128]
     assert rows[1].wall_seconds == 12.0 and rows[3].wall_seconds is None
+
+
+def test_study_rows_from_the_command_line_may_vary_the_machines() -> None:
+    import argparse
+
+    from cli import studies
+
+    parser = argparse.ArgumentParser()
+    studies.add_arguments(parser)
+    args = parser.parse_args(
+        ["--rows", "1x1:128", "1x2:64", "2x1:64", "2x2:32", "4:16", "--machines", "3"]
+    )
+    rows = studies.study_request(args)["rows"]
+    assert rows == [
+        {"num_machines": 1, "num_processes": 1, "batch_size": 128},
+        {"num_machines": 1, "num_processes": 2, "batch_size": 64},
+        {"num_machines": 2, "num_processes": 1, "batch_size": 64},
+        {"num_machines": 2, "num_processes": 2, "batch_size": 32},
+        {"num_machines": 3, "num_processes": 4, "batch_size": 16},
+    ]
