@@ -234,12 +234,7 @@ class Coordinator:
         start and what to stop."""
         self.saw(node_id)
         with self.db.write() as session:
-            node = queries.get_node(session=session, node_id=node_id)
-            if node is None:
-                raise HTTPException(404, f"node {node_id} not found; register again")
-            if node.state == NodeState.REVOKED.value:
-                raise HTTPException(403, f"node {node_id} was revoked by an admin")
-            node.last_heartbeat_at = utcnow()
+            node = _heard_from(session, node_id)
             if node.state != NodeState.LIVE.value:
                 log.warning("node %d (%s) is back after being lost", node_id, node.name)
                 node.state = NodeState.LIVE.value
@@ -278,12 +273,7 @@ class Coordinator:
         its parts were given away meanwhile."""
         self.saw(node_id)
         with self.db.write() as session:
-            node = queries.get_node(session=session, node_id=node_id)
-            if node is None:
-                raise HTTPException(404, f"node {node_id} not found; register again")
-            if node.state == NodeState.REVOKED.value:
-                raise HTTPException(403, f"node {node_id} was revoked by an admin")
-            node.last_heartbeat_at = utcnow()
+            _heard_from(session, node_id)
             mine = queries.active_parts_on_nodes(session=session, node_ids=[node_id])
             return _to_stop(session, node_id, mine, set(active_part_ids))
 
@@ -664,6 +654,17 @@ def _check_may_register(
             "credential (its credential file) registers under it again. If the file is "
             f"lost, an admin revokes node {node.id} and the machine joins under a new name",
         )
+
+
+def _heard_from(session: Session, node_id: int) -> Node:
+    """The node a poll or heartbeat came from, its heartbeat noted."""
+    node = queries.get_node(session=session, node_id=node_id)
+    if node is None:
+        raise HTTPException(404, f"node {node_id} not found; register again")
+    if node.state == NodeState.REVOKED.value:
+        raise HTTPException(403, f"node {node_id} was revoked by an admin")
+    node.last_heartbeat_at = utcnow()
+    return node
 
 
 def _to_stop(session: Session, node_id: int, mine: list[Part], reported: set[int]) -> list[int]:

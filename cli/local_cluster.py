@@ -4,6 +4,7 @@ through them, its progress while it runs and its timing when it ends."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from cli import render
 from cli.cluster import LocalCluster
+from cli.hosts import HostsUnavailable, TestHosts
 from cli.jobs import add_spec_arguments, follow, spec_from_args, submit
 from cli.studies import add_study_arguments, run_study, study_request
 
@@ -38,15 +40,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run a scaling study (see --rows) instead of one job, and print its table",
     )
+    parser.add_argument(
+        "--hosts",
+        action="store_true",
+        help="put the server and each worker on a test host of its own: a network "
+        "namespace with its own address on a bridge, as the multi-host tests do "
+        "(root and iproute2; each worker declares its share of this machine's cores)",
+    )
+    parser.add_argument(
+        "--link-mbit",
+        type=float,
+        help="with --hosts: limit each worker's link to this many Mbit/s (tc tbf)",
+    )
     add_study_arguments(parser)
     add_spec_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     workers = args.workers if args.workers is not None else args.machines
-    cluster = LocalCluster(
-        state_dir=args.state_dir, data_dir=args.data_dir, workers=workers, port=args.port
-    )
+    if args.link_mbit is not None and not args.hosts:
+        raise SystemExit("--link-mbit: only with --hosts")
+    with contextlib.ExitStack() as stack:
+        hosts = None
+        if args.hosts:
+            hosts = TestHosts(["server", *(f"node-{i}" for i in range(workers))])
+            try:
+                stack.enter_context(hosts)
+            except HostsUnavailable as exc:
+                raise SystemExit(f"--hosts: {exc}") from None
+            for name in hosts.names[1:]:
+                if args.link_mbit is not None:
+                    hosts.limit_rate(name, args.link_mbit)
+                print(f"test host {name} at {hosts.address(name)}", flush=True)
+        cluster = LocalCluster(
+            state_dir=args.state_dir,
+            data_dir=args.data_dir,
+            workers=workers,
+            port=args.port,
+            hosts=hosts,
+        )
+        return _run_on(cluster, args, workers)
+
+
+def _run_on(cluster: LocalCluster, args: argparse.Namespace, workers: int) -> int:
     print(f"starting a server and {workers} worker(s) in {args.state_dir} ...", flush=True)
     started = time.monotonic()
     with cluster:

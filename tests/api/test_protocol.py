@@ -434,5 +434,16 @@ def test_a_lost_parts_late_logs_and_progress_are_refused(tmp_path: Path) -> None
         )
         assert logs.json() == {"accepted": False}
         assert client.get(f"/jobs/{job_id}/logs").json()["lines"] == []
+        report = {
+            "seq": 0, "epoch": 1, "batch": 10, "batches_per_epoch": 20,
+            "loss": 1.0, "samples_per_sec": 1.0, "at": "2026-12-01T00:00:00Z",
+        }  # fmt: skip
+        progress = client.post(
+            f"/parts/{part_id}/progress",
+            json={"node_id": a.node_id, "reports": [report]},
+            headers=a.headers,
+        )
+        assert progress.json() == {"accepted": False}
+        assert client.get(f"/jobs/{job_id}/metrics").json()["points"] == []
         # Back from the partition, its heartbeat says to stop the part.
         assert beat(a, [part_id]) == [part_id]

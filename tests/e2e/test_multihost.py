@@ -10,9 +10,12 @@ import contextlib
 import os
 import re
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -20,6 +23,7 @@ import pytest
 from cli import hosts as test_hosts
 from cli.cluster import LocalCluster
 from cli.hosts import TestHosts
+from tests.conftest import REPO
 from tests.e2e.conftest import Jobs, record, still_running, until
 from worker import cores
 
@@ -95,10 +99,8 @@ def gradient_bytes() -> int:
     return sum(p.numel() * p.element_size() for p in Net().parameters())
 
 
-def node_of(job: dict[str, object], machine_id: int) -> dict[str, str]:
-    parts = job["parts"]
-    assert isinstance(parts, list)
-    part: dict[str, str] = next(p for p in parts if p["machine_id"] == machine_id)
+def node_of(job: dict[str, Any], machine_id: int) -> dict[str, Any]:
+    part: dict[str, Any] = next(p for p in job["parts"] if p["machine_id"] == machine_id)
     return part
 
 
@@ -110,29 +112,38 @@ def test_a_2x1_job_trains_across_hosts_over_the_bridge(
     before = {name: hosts.bytes_moved(name) for name in hosts.names}
     job_id = jobs.submit(machines=2, processes=1, batch_size=64, max_steps_per_epoch=steps)
     job = jobs.wait_done(job_id)
-    assert job["status"] == "succeeded", job["error"]
-
-    machine0, machine1 = node_of(job, 0), node_of(job, 1)
-    # The rendezvous is at machine 0's host address, and every node
-    # advertises its own host's address: nothing here says 127.0.0.1.
-    assert job["master_addr"] == hosts.address(machine0["node_name"])
-    for part in (machine0, machine1):
-        assert part["node_address"] == hosts.address(part["node_name"])
-    # The gradients crossed the bridge: each step all-reduces them between
-    # the two hosts, so each host sent and received at least their size.
-    least = steps * gradient_bytes()
-    for part in (machine0, machine1):
-        name = part["node_name"]
-        received = hosts.bytes_moved(name)[0] - before[name][0]
-        sent = hosts.bytes_moved(name)[1] - before[name][1]
-        assert sent >= least and received >= least, (name, sent, received, least)
+    sent = assert_trained_across_hosts(hosts, job, before, steps)
     record(
         "2 x 1 across two test hosts",
         steps=steps,
         gradient_bytes_per_step=gradient_bytes(),
-        sent_by_machine_1=hosts.bytes_moved(machine1["node_name"])[1]
-        - before[machine1["node_name"]][1],
+        sent_by_machine_1=sent[1],
     )
+
+
+def assert_trained_across_hosts(
+    hosts: TestHosts, job: dict[str, Any], before: dict[str, tuple[int, int]], steps: int
+) -> list[int]:
+    """The job succeeded between two hosts, over the bridge. The bytes each
+    machine sent."""
+    assert job["status"] == "succeeded", job["error"]
+    machines = [node_of(job, 0), node_of(job, 1)]
+    # The rendezvous is at machine 0's host address, and every node
+    # advertises its own host's address: nothing here says 127.0.0.1.
+    assert job["master_addr"] == hosts.address(machines[0]["node_name"])
+    for part in machines:
+        assert part["node_address"] == hosts.address(part["node_name"])
+    # The gradients crossed the bridge: each step all-reduces them between
+    # the two hosts, so each host sent and received at least their size.
+    least = steps * gradient_bytes()
+    sent_by = []
+    for part in machines:
+        name = part["node_name"]
+        received = hosts.bytes_moved(name)[0] - before[name][0]
+        sent = hosts.bytes_moved(name)[1] - before[name][1]
+        assert sent >= least and received >= least, (name, sent, received, least)
+        sent_by.append(sent)
+    return sent_by
 
 
 def training_processes(cluster: LocalCluster, name: str) -> list[psutil.Process]:
@@ -268,9 +279,11 @@ def test_a_checkpoint_slower_than_the_heartbeat_timeout_keeps_its_node_live(
     )
 
 
-def test_a_worker_without_an_address_advertises_its_route_to_the_server(
+def test_two_workers_without_an_address_on_three_hosts_train_across_them(
     mnist_dir: Path, tmp_path: Path
 ) -> None:
+    """The server and two workers on three hosts, no --address and no
+    interface variable: each worker advertises its route to the server."""
     with hosted_cluster(tmp_path, mnist_dir, workers=2, advertise_address=False) as (
         hosts,
         cluster,
@@ -283,8 +296,38 @@ def test_a_worker_without_an_address_advertises_its_route_to_the_server(
                 assert nodes[name]["address"] == hosts.address(name)
                 # Its share of the cores the test hosts share.
                 assert nodes[name]["cpus"] == max(1, cores.usable_cpus() // 2)
-        with cluster.client() as client:
-            job_id = Jobs(client).submit(machines=2, processes=1, max_steps_per_epoch=10)
+            steps = 20
+            before = {name: hosts.bytes_moved(name) for name in hosts.names}
+            job_id = Jobs(client).submit(
+                machines=2, processes=1, batch_size=64, max_steps_per_epoch=steps
+            )
             job = Jobs(client).wait_done(job_id)
-        assert job["status"] == "succeeded", job["error"]
-        assert job["master_addr"] == hosts.address(node_of(job, 0)["node_name"])
+        assert_trained_across_hosts(hosts, job, before, steps)
+
+
+def namespaces() -> set[str]:
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10)
+    return {line.split()[0] for line in listing.stdout.splitlines() if line.strip()}
+
+
+def test_local_cluster_on_test_hosts_runs_a_job_across_them_and_cleans_up(
+    mnist_dir: Path, tmp_path: Path
+) -> None:
+    require_test_hosts()
+    before = namespaces()
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "local-cluster", "--hosts", "--link-mbit", "1000"]
+        + ["--machines", "2", "--max-steps-per-epoch", "10", "--data-dir", str(mnist_dir)]
+        + ["--state-dir", str(tmp_path / "state")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    addresses = re.findall(r"test host (node-\d) at (\d+\.\d+\.\d+\.\d+)", done.stdout)
+    assert len(addresses) == 2, done.stdout
+    assert "job 1 succeeded" in done.stdout
+    for name, _ in addresses:
+        assert re.search(rf"machine \d on {name}: succeeded", done.stdout), done.stdout
+    assert namespaces() == before, "test hosts left behind"
