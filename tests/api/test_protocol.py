@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from api.settings import ServerSettings
 from tests.api.conftest import ProtocolNode, ThreadedServer, make_settings, wait_for
 
 
@@ -295,10 +296,13 @@ def test_a_node_cannot_report_for_another_nodes_part(client: httpx.Client) -> No
     assert job(client, job_id)["parts"][0]["status"] == "assigned"
 
 
+def quick_loss_settings(tmp_path: Path) -> ServerSettings:
+    """A node silent for a second is lost."""
+    return make_settings(tmp_path, heartbeat_timeout_s=1.0, poll_wait_s=0.2, sweep_interval_s=0.1)
+
+
 def test_a_silent_node_is_lost_and_its_job_fails(tmp_path: Path) -> None:
-    settings = make_settings(
-        tmp_path, heartbeat_timeout_s=1.0, poll_wait_s=0.2, sweep_interval_s=0.1
-    )
+    settings = quick_loss_settings(tmp_path)
     with (
         ThreadedServer(settings) as server,
         httpx.Client(base_url=server.url, timeout=10) as client,
@@ -336,9 +340,7 @@ def test_a_restarted_worker_loses_what_it_ran(client: httpx.Client) -> None:
 def test_a_lost_node_explains_a_failure_its_peers_only_felt(tmp_path: Path) -> None:
     """The survivor's 'connection closed by peer' arrives first; once the
     silent node is declared lost, that becomes the job's error."""
-    settings = make_settings(
-        tmp_path, heartbeat_timeout_s=1.0, poll_wait_s=0.2, sweep_interval_s=0.1
-    )
+    settings = quick_loss_settings(tmp_path)
     with ThreadedServer(settings) as server, httpx.Client(base_url=server.url) as client:
         a, b = ProtocolNode(client, "a"), ProtocolNode(client, "b")
         job_id = submit(client, machines=2)
@@ -396,9 +398,7 @@ def beat(node: ProtocolNode, active: list[int]) -> list[int]:
 def test_heartbeats_alone_keep_a_node_live_and_say_what_to_stop(tmp_path: Path) -> None:
     """A daemon busy for longer than the timeout (a launch, an upload over a
     slow link) sends nothing but heartbeats from its own thread."""
-    settings = make_settings(
-        tmp_path, heartbeat_timeout_s=1.0, poll_wait_s=0.2, sweep_interval_s=0.1
-    )
+    settings = quick_loss_settings(tmp_path)
     with ThreadedServer(settings) as server, httpx.Client(base_url=server.url) as client:
         a = ProtocolNode(client, "a")
         job_id = submit(client)
@@ -417,9 +417,7 @@ def test_heartbeats_alone_keep_a_node_live_and_say_what_to_stop(tmp_path: Path) 
 
 
 def test_a_lost_parts_late_logs_and_progress_are_refused(tmp_path: Path) -> None:
-    settings = make_settings(
-        tmp_path, heartbeat_timeout_s=1.0, poll_wait_s=0.2, sweep_interval_s=0.1
-    )
+    settings = quick_loss_settings(tmp_path)
     with ThreadedServer(settings) as server, httpx.Client(base_url=server.url) as client:
         a = ProtocolNode(client, "a")
         job_id = submit(client)

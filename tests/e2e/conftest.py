@@ -97,13 +97,22 @@ def jobs(cluster: LocalCluster) -> Iterator[Jobs]:
 def rank_processes(cluster: LocalCluster) -> list[psutil.Process]:
     """Every process below the worker daemons but their fork servers (which
     outlive jobs by design): launchers and their ranks."""
-    found: list[psutil.Process] = []
+    return [p for below in training_processes(cluster).values() for p in below]
+
+
+def training_processes(cluster: LocalCluster) -> dict[str, list[psutil.Process]]:
+    """Per node: the launchers and ranks below its daemon (not its fork server)."""
+    found: dict[str, list[psutil.Process]] = {}
     for worker in cluster.worker_processes:
+        if worker.process.poll() is not None:
+            continue
+        below: list[psutil.Process] = []
         for child in psutil.Process(worker.process.pid).children():
             if is_fork_server(child):
-                found += child.children(recursive=True)
+                below += child.children(recursive=True)
             else:
-                found += [child, *child.children(recursive=True)]
+                below += [child, *child.children(recursive=True)]
+        found[worker.name] = below
     return found
 
 

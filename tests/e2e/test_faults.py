@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from cli.cluster import LocalCluster, ManagedProcess
-from tests.e2e.conftest import Jobs, record, still_running, until
+from tests.e2e.conftest import Jobs, record, still_running, training_processes, until
 
 pytestmark = pytest.mark.e2e
 
@@ -52,22 +52,6 @@ def jobs(faulty: LocalCluster) -> Iterator[Jobs]:
 def daemon(cluster: LocalCluster, name: str) -> ManagedProcess:
     """The live daemon of this node (a restarted one replaces the old)."""
     return [w for w in cluster.worker_processes if w.name == name][-1]
-
-
-def training_processes(cluster: LocalCluster) -> dict[str, list[psutil.Process]]:
-    """Per node: the launchers and ranks below its daemon (not its fork server)."""
-    found: dict[str, list[psutil.Process]] = {}
-    for worker in cluster.worker_processes:
-        if worker.process.poll() is not None:
-            continue
-        below: list[psutil.Process] = []
-        for child in psutil.Process(worker.process.pid).children():
-            if "worker.forkserver" in child.cmdline():
-                below += child.children(recursive=True)
-            else:
-                below += [child, *child.children(recursive=True)]
-        found[worker.name] = below
-    return found
 
 
 def rank_process(processes: list[psutil.Process], rank: int) -> psutil.Process:

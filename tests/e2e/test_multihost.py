@@ -17,14 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from cli import hosts as test_hosts
 from cli.cluster import LocalCluster
 from cli.hosts import TestHosts
 from tests.conftest import REPO
-from tests.e2e.conftest import Jobs, record, still_running, until
+from tests.e2e.conftest import Jobs, record, still_running, training_processes, until
 from worker import cores
 
 pytestmark = pytest.mark.e2e
@@ -146,18 +145,6 @@ def assert_trained_across_hosts(
     return sent_by
 
 
-def training_processes(cluster: LocalCluster, name: str) -> list[psutil.Process]:
-    """The launchers and ranks below a node's daemon (not its fork server)."""
-    worker = next(w for w in cluster.worker_processes if w.name == name)
-    found: list[psutil.Process] = []
-    for child in psutil.Process(worker.process.pid).children():
-        if "worker.forkserver" in child.cmdline():
-            found += child.children(recursive=True)
-        else:
-            found += [child, *child.children(recursive=True)]
-    return found
-
-
 def rows_of_attempt(cluster: LocalCluster, job_id: int, number: int) -> tuple[int, int]:
     """(progress rows, log rows) stored for one attempt of a job."""
     with sqlite3.connect(cluster.database_path) as db:
@@ -191,7 +178,7 @@ def test_a_cut_link_moves_the_job_to_another_host_and_fences_the_stale_ranks(
     assert job["status"] == "running"
     survivor, victim = node_of(job, 0)["node_name"], node_of(job, 1)["node_name"]
     (third,) = set(hosts.names) - {"server", survivor, victim}
-    stale = training_processes(cluster, victim)
+    stale = training_processes(cluster)[victim]
     assert stale, f"nothing runs on {victim}"
 
     hosts.link_down(victim)
