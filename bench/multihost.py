@@ -48,8 +48,8 @@ def study(
         "spec": {"epochs": epochs},
         "rows": [{"num_machines": m, "num_processes": p, "batch_size": b} for m, p, b in rows],
     }
-    with cluster.client() as client, open(os.devnull, "w") as quiet:
-        result = run_study(client, request, out=quiet)
+    with cluster.api() as api, open(os.devnull, "w") as quiet:
+        result = run_study(api, request, out=quiet)
     after = {name: hosts.bytes_moved(name) for name in WORKER_HOSTS}
     moved = {
         name: (after[name][0] - before[name][0], after[name][1] - before[name][1])

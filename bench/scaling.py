@@ -23,9 +23,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=1)
     args = parser.parse_args(argv)
     studies: list[StudyPublic] = []
-    with local_cluster(args.data_dir) as (_, client), open(os.devnull, "w") as quiet:
+    with local_cluster(args.data_dir) as (cluster, _), open(os.devnull, "w") as quiet:
         for _ in range(args.rounds):
-            study = run_study(client, {"spec": {"epochs": args.epochs}}, out=quiet)
+            with cluster.api() as api:
+                study = run_study(api, {"spec": {"epochs": args.epochs}}, out=quiet)
             print(render.study_table(study), flush=True)
             studies.append(study)
 

@@ -3,14 +3,59 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 from cli import commands, local_cluster, studies
+from cli.api import DEFAULT_SERVER, CliError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a suggestion for a mistyped flag or subcommand."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        words = [w for w in message.replace(",", " ").replace("'", " ").split() if w]
+        known = self._known_words()
+        for word in words:
+            if word.startswith("-") or "invalid choice" in message:
+                close = difflib.get_close_matches(word, known, n=1)
+                if close and close[0] != word:
+                    message += f" (did you mean {close[0]}?)"
+                    break
+        super().error(message)
+
+    def _known_words(self) -> list[str]:
+        words: list[str] = []
+        for action in self._actions:
+            words += action.option_strings
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    words.append(name)
+                    words += [o for a in sub._actions for o in a.option_strings]
+        return words
+
+
+def _version() -> str:
+    try:
+        return version("ddpo")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="ddpo", description="Distributed PyTorch training, orchestrated."
+    parser = Parser(
+        prog="ddpo",
+        description="Distributed PyTorch training, orchestrated.",
+        epilog="Environment: DDPO_SERVER, the server's URL (default "
+        f"{DEFAULT_SERVER}); DDPO_TOKEN, the bearer token presented (a user token to "
+        "submit and cancel, a read token to look). `ddpo COMMAND --help` for each command.",
+    )
+    parser.add_argument("--version", action="version", version=f"ddpo {_version()}")
+    parser.add_argument(
+        "--server",
+        default=None,
+        help=f"the ddpo server [DDPO_SERVER, default {DEFAULT_SERVER}]; here or after the command",
     )
     subcommands = parser.add_subparsers(dest="command", required=True)
     for add in (
@@ -37,7 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     studies.add_arguments(study)
     study.set_defaults(run=studies.run)
     args = parser.parse_args(argv)
-    return int(args.run(args))
+    try:
+        return int(args.run(args))
+    except CliError as exc:
+        print(f"ddpo {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from typing import IO
 
 import httpx
 
+from cli.api import Api
 from cli.hosts import TestHosts
 from worker import cores
 
@@ -180,6 +181,10 @@ class LocalCluster:
             "DDPO_SERVER": self.url,
             **({"DDPO_TOKEN": self.tokens.user} if self.tokens else {}),
         }
+
+    def api(self, role: str = "user") -> Api:
+        """The CLI's client of this cluster, as the given role."""
+        return Api(self.url, getattr(self.tokens, role) if self.tokens else None)
 
     def client(self, role: str = "user", timeout_s: float = 30) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=timeout_s, headers=self.headers(role))

@@ -10,44 +10,26 @@ import os
 import sys
 from typing import Any
 
-import httpx
-
 from api.lifecycle import JobStatus
 from api.schemas import JobPublic, JobsPublic, LogLinePublic, LogsPublic, NodePublic
 from cli import render
+from cli.api import DEFAULT_SERVER, Api, riding_out_restarts, server_url
 from cli.jobs import add_spec_arguments, follow, spec_from_args, submit
-
-DEFAULT_SERVER = "http://127.0.0.1:8000"
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: a --server given before the subcommand is not overwritten.
     parser.add_argument(
         "--server",
-        default=os.environ.get("DDPO_SERVER", DEFAULT_SERVER),
-        help=f"the ddpo server [DDPO_SERVER, default {DEFAULT_SERVER}]",
+        default=argparse.SUPPRESS,
+        help=f"the ddpo server [DDPO_SERVER, default {DEFAULT_SERVER}]; a missing http:// is added",
     )
     parser.add_argument("--json", action="store_true", help="print the API's JSON")
 
 
-def client_for(args: argparse.Namespace) -> httpx.Client:
+def client_for(args: argparse.Namespace) -> Api:
     """A client of the server, presenting $DDPO_TOKEN if set."""
-    token = os.environ.get("DDPO_TOKEN")
-    return httpx.Client(
-        base_url=args.server,
-        timeout=30,
-        headers={"Authorization": f"Bearer {token}"} if token else None,
-    )
-
-
-def _get(client: httpx.Client, path: str, **params: Any) -> Any:
-    try:
-        response = client.get(path, params={k: v for k, v in params.items() if v is not None})
-    except httpx.HTTPError as exc:
-        raise SystemExit(f"cannot reach the server at {client.base_url}: {exc}") from None
-    if response.status_code == 404:
-        raise SystemExit(response.json().get("detail", f"{path}: not found"))
-    response.raise_for_status()
-    return response.json()
+    return Api(server_url(getattr(args, "server", None)), os.environ.get("DDPO_TOKEN"))
 
 
 def _print_json(data: Any) -> None:
@@ -74,8 +56,8 @@ def add_submit(commands: Any) -> None:
 
 
 def run_submit(args: argparse.Namespace) -> int:
-    with client_for(args) as client:
-        job = submit(client, spec_from_args(args), args.idempotency_key)
+    with client_for(args) as api:
+        job = submit(api, spec_from_args(args), args.idempotency_key)
         if not args.wait:
             if args.json:
                 _print_json(job.model_dump(mode="json"))
@@ -84,7 +66,7 @@ def run_submit(args: argparse.Namespace) -> int:
             return 0
         if not args.json:
             print(f"submitted job {job.id}", flush=True)
-        job = follow(client, job.id, out=sys.stderr if args.json else sys.stdout)
+        job = follow(api, job.id, out=sys.stderr if args.json else sys.stdout)
     if args.json:
         _print_json(job.model_dump(mode="json"))
     else:
@@ -104,8 +86,8 @@ def add_list(commands: Any) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    with client_for(args) as client:
-        data = _get(client, "/jobs", status=args.status, limit=args.limit)
+    with client_for(args) as api:
+        data = api.get("/jobs", "list jobs", status=args.status, limit=args.limit)
     if args.json:
         _print_json(data)
     else:
@@ -121,8 +103,8 @@ def add_show(commands: Any) -> None:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    with client_for(args) as client:
-        data = _get(client, f"/jobs/{args.job_id}")
+    with client_for(args) as api:
+        data = api.get(f"/jobs/{args.job_id}", f"show job {args.job_id}")
     if args.json:
         _print_json(data)
     else:
@@ -140,11 +122,8 @@ def add_cancel(commands: Any) -> None:
 
 
 def run_cancel(args: argparse.Namespace) -> int:
-    with client_for(args) as client:
-        response = client.post(f"/jobs/{args.job_id}/cancel")
-    if response.status_code in (404, 409):
-        raise SystemExit(response.json().get("detail"))
-    response.raise_for_status()
+    with client_for(args) as api:
+        response = api.post(f"/jobs/{args.job_id}/cancel", f"cancel job {args.job_id}")
     if args.json:
         _print_json(response.json())
     else:
@@ -181,28 +160,38 @@ def _log_line(line: LogLinePublic, prefixed: bool) -> str:
 def run_logs(args: argparse.Namespace) -> int:
     params: dict[str, Any] = {"machine_id": args.machine, "rank": args.rank, "tail": args.tail}
     prefixed = args.rank is None  # one rank's lines need no label
-    with client_for(args) as client:
+    path, doing = f"/jobs/{args.job_id}/logs", f"logs of job {args.job_id}"
+    with client_for(args) as api:
         if not args.follow:
-            page = LogsPublic.model_validate(_get(client, f"/jobs/{args.job_id}/logs", **params))
+            page = LogsPublic.model_validate(api.get(path, doing, **params))
             for line in page.lines:
                 print(line.model_dump_json() if args.json else _log_line(line, prefixed))
             return 0
-        params["follow"] = "true"
-        with client.stream(
-            "GET",
-            f"/jobs/{args.job_id}/logs",
-            params={k: v for k, v in params.items() if v is not None},
-            timeout=httpx.Timeout(30, read=None),
-        ) as response:
-            if response.status_code == 404:
-                response.read()
-                raise SystemExit(response.json().get("detail"))
-            response.raise_for_status()
-            for raw in response.iter_lines():
-                if not raw:
-                    continue
-                line = LogLinePublic.model_validate_json(raw)
-                print(raw if args.json else _log_line(line, prefixed), flush=True)
+        # Reachable, allowed, and a job: only then is a dropped stream worth
+        # waiting out.
+        api.get(f"/jobs/{args.job_id}", f"job {args.job_id}")
+        since = 0
+
+        def stream_until_the_job_ends() -> None:
+            """Print lines as they come; after a dropped stream (a server
+            restart), go on after the last line printed."""
+            nonlocal since
+            while True:
+                with api.stream(path, doing, **params, since=since, follow="true") as response:
+                    for raw in response.iter_lines():
+                        if not raw:
+                            continue
+                        line = LogLinePublic.model_validate_json(raw)
+                        since = line.id
+                        print(raw if args.json else _log_line(line, prefixed), flush=True)
+                params["tail"] = None  # the tail was the first connection's
+                page = LogsPublic.model_validate(api.get(path, doing, **params, since=since))
+                if page.job_status.is_terminal() and not page.lines:
+                    return
+
+        riding_out_restarts(
+            stream_until_the_job_ends, say=lambda m: print(m, file=sys.stderr, flush=True)
+        )
     return 0
 
 
@@ -216,8 +205,8 @@ def add_nodes(commands: Any) -> None:
 
 
 def run_nodes(args: argparse.Namespace) -> int:
-    with client_for(args) as client:
-        data = _get(client, "/nodes")
+    with client_for(args) as api:
+        data = api.get("/nodes", "list nodes")
     if args.json:
         _print_json(data)
     else:

@@ -8,10 +8,9 @@ import sys
 import time
 from typing import TextIO
 
-import httpx
-
 from api.schemas import JobPublic, JobSpec
 from cli import render
+from cli.api import Api, riding_out_restarts
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,26 +83,28 @@ def spec_from_args(args: argparse.Namespace) -> dict[str, object]:
     return spec
 
 
-def submit(
-    client: httpx.Client, spec: dict[str, object], idempotency_key: str | None = None
-) -> JobPublic:
+def submit(api: Api, spec: dict[str, object], idempotency_key: str | None = None) -> JobPublic:
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-    response = client.post("/jobs", json=spec, headers=headers)
-    if response.status_code == 422:
-        problems = "; ".join(d["msg"] for d in response.json()["detail"])
-        raise SystemExit(f"the server rejected the job spec: {problems}")
-    response.raise_for_status()
+    response = api.post("/jobs", "submit", json=spec, headers=headers)
     return JobPublic.model_validate(response.json())
 
 
 def follow(
-    client: httpx.Client, job_id: int, *, interval_s: float = 1.0, out: TextIO = sys.stdout
+    api: Api, job_id: int, *, interval_s: float = 1.0, out: TextIO = sys.stdout
 ) -> JobPublic:
-    """Print progress about once a second until the job ends; return it."""
+    """Print progress about once a second until the job ends; return it. A
+    server that goes away meanwhile (a restart) is waited for: the job runs
+    on without it."""
     tty = out.isatty()
     last = ""
+
+    def say(message: str) -> None:
+        out.write(("\n" if tty and last else "") + message + "\n")
+        out.flush()
+
     while True:
-        job = JobPublic.model_validate(client.get(f"/jobs/{job_id}").raise_for_status().json())
+        data = riding_out_restarts(lambda: api.get(f"/jobs/{job_id}", f"job {job_id}"), say=say)
+        job = JobPublic.model_validate(data)
         line = render.progress_line(job)
         if line != last:
             out.write(("\r\033[K" + line) if tty else line + "\n")

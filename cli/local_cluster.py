@@ -89,23 +89,23 @@ def _run_on(cluster: LocalCluster, args: argparse.Namespace, workers: int) -> in
         print(f"server at {cluster.url}, dashboard at {cluster.url}/ui/jobs", flush=True)
         print(f"database, logs and run directories in {cluster.state_dir}", flush=True)
         print(how_to_use_tokens(cluster), flush=True)
-        with cluster.client() as client:
+        with cluster.api() as api:
             if args.study:
-                study = run_study(client, study_request(args))
+                study = run_study(api, study_request(args))
                 print(render.study_table(study))
                 return 0 if study.status.value == "succeeded" else 1
-            job = submit(client, spec_from_args(args))
+            job = submit(api, spec_from_args(args))
             print(
                 f"submitted job {job.id}; follow it with: "
                 f'curl -H "Authorization: Bearer $DDPO_TOKEN" {cluster.url}/jobs/{job.id}',
                 flush=True,
             )
             try:
-                job = follow(client, job.id)
+                job = follow(api, job.id)
             except KeyboardInterrupt:
                 print(f"\ncancelling job {job.id} ...", flush=True)
-                client.post(f"/jobs/{job.id}/cancel")
-                job = follow(client, job.id)
+                api.post(f"/jobs/{job.id}/cancel", f"cancel job {job.id}")
+                job = follow(api, job.id)
         print(render.summary(job))
         print(f"wall time, cluster start to job end: {time.monotonic() - started:.1f} s")
     return 0 if job.status.value == "succeeded" else 1

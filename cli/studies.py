@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from typing import TextIO
 
-import httpx
-
 from api.schemas import StudyPublic
 from cli import render
-from cli.commands import client_for
+from cli.api import Api, riding_out_restarts
+from cli.commands import add_connection_arguments, client_for
 from cli.jobs import add_spec_arguments, spec_from_args
 
 
@@ -46,46 +44,42 @@ def study_request(args: argparse.Namespace) -> dict[str, object]:
     return {"name": args.name, "spec": spec_from_args(args), "rows": rows}
 
 
-def run_study(
-    client: httpx.Client, request: dict[str, object], out: TextIO = sys.stdout
-) -> StudyPublic:
-    response = client.post("/studies", json=request)
-    if response.status_code == 422:
-        problems = "; ".join(d["msg"] for d in response.json()["detail"])
-        raise SystemExit(f"the server rejected the study: {problems}")
-    study = StudyPublic.model_validate(response.raise_for_status().json())
+def run_study(api: Api, request: dict[str, object], out: TextIO = sys.stdout) -> StudyPublic:
+    response = api.post("/studies", "submit the study", json=request)
+    study = StudyPublic.model_validate(response.json())
     print(
         f"submitted study {study.id}: jobs {', '.join(str(r.job_id) for r in study.rows)}", file=out
     )
     seen: dict[int, str] = {}
+    path, doing = f"/studies/{study.id}", f"study {study.id}"
+
+    def say(message: str) -> None:
+        print(message, file=out, flush=True)
+
     while True:
         for row in study.rows:
             if seen.get(row.job_id) != row.status.value:
                 seen[row.job_id] = row.status.value
-                print(
-                    f"  {row.num_machines} x {row.num_processes} (job {row.job_id}): "
-                    f"{row.status.value}",
-                    file=out,
-                    flush=True,
-                )
+                topology = f"{row.num_machines} x {row.num_processes}"
+                say(f"  {topology} (job {row.job_id}): {row.status.value}")
         if study.status.is_terminal():
             return study
         time.sleep(1.0)
-        study = StudyPublic.model_validate(client.get(f"/studies/{study.id}").json())
+        data = riding_out_restarts(lambda: api.get(path, doing), say=say)
+        study = StudyPublic.model_validate(data)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--server",
-        default=os.environ.get("DDPO_SERVER", "http://127.0.0.1:8000"),
-        help="the ddpo server [DDPO_SERVER, default http://127.0.0.1:8000]",
-    )
+    add_connection_arguments(parser)
     add_study_arguments(parser)
     add_spec_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    with client_for(args) as client:
-        study = run_study(client, study_request(args))
-    print(render.study_table(study))
+    with client_for(args) as api:
+        study = run_study(api, study_request(args), out=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(study.model_dump_json(indent=2))
+    else:
+        print(render.study_table(study))
     return 0 if study.status.value == "succeeded" else 1
