@@ -47,9 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(
         prog="ddpo",
         description="Distributed PyTorch training, orchestrated.",
-        epilog="Environment: DDPO_SERVER, the server's URL (default "
-        f"{DEFAULT_SERVER}); DDPO_TOKEN, the bearer token presented (a user token to "
-        "submit and cancel, a read token to look). `ddpo COMMAND --help` for each command.",
+        epilog=f"{commands.ENVIRONMENT} `ddpo COMMAND --help` for each command.",
     )
     parser.add_argument("--version", action="version", version=f"ddpo {_version()}")
     parser.add_argument(

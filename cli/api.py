@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from cli import kept
+
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 T = TypeVar("T")
 
@@ -32,14 +34,27 @@ class ServerFailed(CliError):
 
 
 def server_url(given: str | None) -> str:
-    """``--server``, else ``$DDPO_SERVER``, else the default; a missing
-    scheme is taken as http (``127.0.0.1:8000``)."""
-    url = (given or os.environ.get("DDPO_SERVER") or DEFAULT_SERVER).strip().rstrip("/")
+    """``--server``, else ``$DDPO_SERVER``, else the cluster ``ddpo
+    local-cluster --keep`` keeps here, else the default; a missing scheme is
+    taken as http (``127.0.0.1:8000``)."""
+    found = given or os.environ.get("DDPO_SERVER")
+    if not found:
+        here = kept.read()
+        found = here.server if here is not None else DEFAULT_SERVER
+    url = found.strip().rstrip("/")
     if "://" not in url:
         url = f"http://{url}"
     if urlsplit(url).scheme not in ("http", "https"):
         raise CliError(f"--server: {url!r} is not an http:// or https:// URL")
     return url
+
+
+def token_for(url: str) -> str | None:
+    """``$DDPO_TOKEN``, else the user token of the kept cluster at ``url``."""
+    if os.environ.get("DDPO_TOKEN"):
+        return os.environ["DDPO_TOKEN"]
+    here = kept.read()
+    return here.token if here is not None and here.server == url else None
 
 
 def _detail(response: httpx.Response) -> str:

@@ -6,18 +6,35 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
 from api.lifecycle import JobStatus
 from api.schemas import JobPublic, JobsPublic, LogLinePublic, LogsPublic, NodePublic
 from cli import render
-from cli.api import DEFAULT_SERVER, Api, riding_out_restarts, server_url
+from cli.api import DEFAULT_SERVER, Api, CliError, riding_out_restarts, server_url, token_for
 from cli.jobs import add_spec_arguments, follow, spec_from_args, submit
+
+ENVIRONMENT = (
+    "Environment: DDPO_SERVER, the server's URL (default "
+    f"{DEFAULT_SERVER}, or the cluster `ddpo local-cluster --keep` keeps on this host); "
+    "DDPO_TOKEN, the bearer token presented (a user token, the server's DDPO_USER_TOKEN, "
+    "to submit and cancel; a read token, DDPO_READ_TOKEN, to look)."
+)
+
+
+class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's default in its help, unless there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False) or "%(default)" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ENVIRONMENT
+    parser.formatter_class = DefaultsShown
     # SUPPRESS: a --server given before the subcommand is not overwritten.
     parser.add_argument(
         "--server",
@@ -28,8 +45,10 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def client_for(args: argparse.Namespace) -> Api:
-    """A client of the server, presenting $DDPO_TOKEN if set."""
-    return Api(server_url(getattr(args, "server", None)), os.environ.get("DDPO_TOKEN"))
+    """A client of the server, presenting $DDPO_TOKEN (or the kept local
+    cluster's user token)."""
+    url = server_url(getattr(args, "server", None))
+    return Api(url, token_for(url))
 
 
 def _print_json(data: Any) -> None:
@@ -62,7 +81,8 @@ def run_submit(args: argparse.Namespace) -> int:
             if args.json:
                 _print_json(job.model_dump(mode="json"))
             else:
-                print(f"submitted job {job.id} ({job.status.value})")
+                why = f": {job.pending_reason}" if job.pending_reason else ""
+                print(f"submitted job {job.id} ({job.status.value}{why})")
             return 0
         if not args.json:
             print(f"submitted job {job.id}", flush=True)
@@ -80,8 +100,10 @@ def run_submit(args: argparse.Namespace) -> int:
 def add_list(commands: Any) -> None:
     parser = commands.add_parser("list", help="list jobs, newest first")
     add_connection_arguments(parser)
-    parser.add_argument("--status", choices=[s.value for s in JobStatus])
-    parser.add_argument("--limit", type=int, default=20)
+    parser.add_argument(
+        "--status", choices=[s.value for s in JobStatus], help="only jobs in this state"
+    )
+    parser.add_argument("--limit", type=int, default=20, help="at most this many")
     parser.set_defaults(run=run_list)
 
 
@@ -98,7 +120,7 @@ def run_list(args: argparse.Namespace) -> int:
 def add_show(commands: Any) -> None:
     parser = commands.add_parser("show", help="one job: progress, timing, result, error")
     add_connection_arguments(parser)
-    parser.add_argument("job_id", type=int)
+    parser.add_argument("job_id", type=int, help="the job's id")
     parser.set_defaults(run=run_show)
 
 
@@ -117,7 +139,7 @@ def run_show(args: argparse.Namespace) -> int:
 def add_cancel(commands: Any) -> None:
     parser = commands.add_parser("cancel", help="cancel a job (its ranks stop on every node)")
     add_connection_arguments(parser)
-    parser.add_argument("job_id", type=int)
+    parser.add_argument("job_id", type=int, help="the job's id")
     parser.set_defaults(run=run_cancel)
 
 
@@ -140,7 +162,7 @@ def add_logs(commands: Any) -> None:
         "logs", help="what a job's ranks printed", description="What a job's ranks printed."
     )
     add_connection_arguments(parser)
-    parser.add_argument("job_id", type=int)
+    parser.add_argument("job_id", type=int, help="the job's id")
     parser.add_argument("--rank", type=int, help="one global rank only")
     parser.add_argument("--machine", type=int, help="one machine id only")
     parser.add_argument("--tail", type=int, help="only the last N lines")
@@ -157,6 +179,13 @@ def _log_line(line: LogLinePublic, prefixed: bool) -> str:
     return f"[m{line.machine_id} {source}] {line.text}"
 
 
+def _check_rank(api: Api, job_id: int, rank: int) -> None:
+    """Nothing printed for a rank: say so if the job has no such rank."""
+    job = JobPublic.model_validate(api.get(f"/jobs/{job_id}", f"job {job_id}"))
+    if rank >= job.world_size:
+        raise CliError(f"--rank: job {job_id} has ranks 0 to {job.world_size - 1}")
+
+
 def run_logs(args: argparse.Namespace) -> int:
     params: dict[str, Any] = {"machine_id": args.machine, "rank": args.rank, "tail": args.tail}
     prefixed = args.rank is None  # one rank's lines need no label
@@ -164,6 +193,8 @@ def run_logs(args: argparse.Namespace) -> int:
     with client_for(args) as api:
         if not args.follow:
             page = LogsPublic.model_validate(api.get(path, doing, **params))
+            if not page.lines and args.rank is not None:
+                _check_rank(api, args.job_id, args.rank)
             for line in page.lines:
                 print(line.model_dump_json() if args.json else _log_line(line, prefixed))
             return 0

@@ -15,24 +15,40 @@ from cli.api import Api, riding_out_restarts
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = JobSpec()
-    group = parser.add_argument_group("job spec")
-    group.add_argument("--name")
-    group.add_argument("--trainer", default=defaults.trainer)
+    group = parser.add_argument_group("job spec (README, 'The job spec')")
+    group.add_argument("--name", help="a label for the job")
     group.add_argument(
-        "--machines", type=int, default=defaults.topology.num_machines, help="num_machines"
+        "--trainer", default=defaults.trainer, help="a trainer the workers offer (ddpo nodes)"
+    )
+    group.add_argument(
+        "--machines",
+        type=int,
+        default=defaults.topology.num_machines,
+        help="num_machines: nodes the job spans",
     )
     group.add_argument(
         "--processes",
         type=int,
         default=defaults.topology.num_processes,
-        help="num_processes per machine",
+        help="num_processes: training processes per machine",
     )
-    group.add_argument("--backend", choices=["gloo", "nccl"], default=defaults.backend)
-    group.add_argument("--batch-size", type=int, default=defaults.batch_size, help="per process")
-    group.add_argument("--epochs", type=int, default=defaults.epochs)
-    group.add_argument("--lr", type=float, default=defaults.lr)
-    group.add_argument("--seed", type=int, default=defaults.seed)
-    group.add_argument("--max-steps-per-epoch", type=int, default=None)
+    group.add_argument(
+        "--backend",
+        choices=["gloo", "nccl"],
+        default=defaults.backend,
+        help="gloo (CPU) or nccl (a GPU per process)",
+    )
+    group.add_argument(
+        "--batch-size", type=int, default=defaults.batch_size, help="batch size per process"
+    )
+    group.add_argument("--epochs", type=int, default=defaults.epochs, help="epochs to train")
+    group.add_argument("--lr", type=float, default=defaults.lr, help="Adadelta learning rate")
+    group.add_argument(
+        "--seed", type=int, default=defaults.seed, help="model init and sampler shuffling"
+    )
+    group.add_argument(
+        "--max-steps-per-epoch", type=int, default=None, help="cut epochs short (smoke runs)"
+    )
     group.add_argument(
         "--max-restarts",
         type=int,
@@ -40,14 +56,17 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
         help="new attempts after a retryable failure, each from the last checkpoint",
     )
     group.add_argument(
-        "--max-run-seconds", type=float, default=None, help="fail with reason deadline after this"
+        "--max-run-seconds",
+        type=float,
+        default=None,
+        help="fail with reason deadline this long after the first start",
     )
     group.add_argument(
         "--performance",
         type=_json_object,
         default=None,
         metavar="JSON",
-        help="performance options, e.g. '{\"channels_last\": false}' (see README)",
+        help="performance options, e.g. '{\"channels_last\": false}' (README)",
     )
 
 

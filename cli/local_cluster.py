@@ -6,15 +6,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
-from cli import render
-from cli.cluster import LocalCluster
+from cli import kept, render
+from cli.cluster import LocalCluster, port_free
 from cli.hosts import HostsUnavailable, TestHosts
 from cli.jobs import add_spec_arguments, follow, spec_from_args, submit
 from cli.studies import add_study_arguments, run_study, study_request
+
+# Where a kept cluster's server listens: README's examples say localhost:8000.
+KEPT_PORT = 8000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +38,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=Path("./local-cluster"),
         help="database, logs and run directories (default ./local-cluster)",
     )
-    parser.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help=f"server port (default {KEPT_PORT} with --keep, else a free one)",
+    )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help=f"start the cluster and keep it until Ctrl-C, running no job: the server on "
+        f"127.0.0.1:{KEPT_PORT}, as README's examples assume; ddpo on this host then uses "
+        "it without DDPO_SERVER or DDPO_TOKEN (its address and user token are in "
+        "$DDPO_CLUSTER_FILE, default ~/.local/state/ddpo/cluster.json, mode 0600)",
+    )
     parser.add_argument(
         "--study",
         action="store_true",
@@ -72,11 +89,17 @@ def run(args: argparse.Namespace) -> int:
                 if args.link_mbit is not None:
                     hosts.limit_rate(name, args.link_mbit)
                 print(f"test host {name} at {hosts.address(name)}", flush=True)
+        port = args.port if args.port is not None else (KEPT_PORT if args.keep else 0)
+        if args.keep and args.port is None and not port_free(port):
+            raise SystemExit(
+                f"--keep: port {port} on 127.0.0.1 is taken (another ddpo server?); "
+                "stop it, or pick another with --port"
+            )
         cluster = LocalCluster(
             state_dir=args.state_dir,
             data_dir=args.data_dir,
             workers=workers,
-            port=args.port,
+            port=port,
             hosts=hosts,
         )
         return _run_on(cluster, args, workers)
@@ -89,6 +112,8 @@ def _run_on(cluster: LocalCluster, args: argparse.Namespace, workers: int) -> in
         print(f"server at {cluster.url}, dashboard at {cluster.url}/ui/jobs", flush=True)
         print(f"database, logs and run directories in {cluster.state_dir}", flush=True)
         print(how_to_use_tokens(cluster), flush=True)
+        if args.keep:
+            return _keep(cluster)
         with cluster.api() as api:
             if args.study:
                 study = run_study(api, study_request(args))
@@ -109,6 +134,32 @@ def _run_on(cluster: LocalCluster, args: argparse.Namespace, workers: int) -> in
         print(render.summary(job))
         print(f"wall time, cluster start to job end: {time.monotonic() - started:.1f} s")
     return 0 if job.status.value == "succeeded" else 1
+
+
+def _keep(cluster: LocalCluster) -> int:
+    """Serve until Ctrl-C (or SIGTERM), or until the server dies."""
+    assert cluster.server is not None
+    token = cluster.tokens.user if cluster.tokens else None
+    where = kept.write(kept.KeptCluster(server=cluster.url, token=token, pid=os.getpid()))
+    print(
+        f"kept until Ctrl-C; ddpo on this host uses it by itself ({where}): try `ddpo nodes`",
+        flush=True,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: _interrupt())
+    try:
+        while cluster.server.process.poll() is None:
+            time.sleep(0.5)
+        print(f"the server exited with code {cluster.server.process.returncode}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nstopping the cluster ...", flush=True)
+        return 0
+    finally:
+        kept.remove(os.getpid())
+
+
+def _interrupt() -> None:
+    raise KeyboardInterrupt
 
 
 def how_to_use_tokens(cluster: LocalCluster) -> str:

@@ -10,8 +10,9 @@ from api.schemas import JobPublic, JobsPublic, NodePublic, StudyPublic
 def progress_line(job: JobPublic, width: int = 30) -> str:
     if job.progress is None:
         where = ", ".join(f"m{p.machine_id}@{p.node_name}:{p.status.value}" for p in job.parts)
-        detail = job.pending_reason or where or "waiting for nodes"
-        return f"job {job.id} {job.status.value:<10} {detail}"
+        waiting = "waiting for nodes" if job.status.value == "queued" else ""
+        detail = job.pending_reason or where or waiting
+        return f"job {job.id} {job.status.value:<10} {detail}".rstrip()
     p = job.progress
     filled = int(width * p.percent / 100)
     bar = "#" * filled + "-" * (width - filled)
@@ -56,6 +57,8 @@ def jobs_table(jobs: JobsPublic) -> str:
             f"{job.spec.batch_size:>5} {job.spec.epochs:>6} {progress:>8} "
             f"{duration(job.timing.running_seconds):>9} {accuracy:>8}  {job.name or ''}"
         )
+        if job.pending_reason:
+            lines.append(f"{'':>7}waiting: {job.pending_reason}")
     lines.append(f"({len(jobs.data)} of {jobs.count})")
     return "\n".join(lines)
 

@@ -21,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ddpo-worker",
         description="Run a ddpo node: register with the server, take job parts, "
-        "run their DDP ranks with torch.multiprocessing.spawn, report back. "
+        "run their DDP ranks (torch.multiprocessing, launchers forked from a fork "
+        "server that imported torch once), report back. "
         "Every flag has an environment variable (in brackets); flags win.",
     )
     parser.add_argument(
@@ -61,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--work-dir",
         dest="work_dir",
-        help="run directories and logs [DDPO_WORKER_WORK_DIR, default ./runs]",
+        help="run directories, logs and the node's credential "
+        "[DDPO_WORKER_WORK_DIR, default ./runs/NAME: one per node name]",
     )
     parser.add_argument(
         "--trainer",

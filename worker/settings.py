@@ -6,7 +6,7 @@ import re
 import socket
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from api.schemas import NAME_PATTERN
@@ -52,7 +52,11 @@ class WorkerSettings(BaseSettings):
         validation_alias=AliasChoices("DDPO_DATA_DIR", "data_dir"),
         description="Where datasets live (MNIST under <data_dir>/MNIST/raw)",
     )
-    work_dir: Path = Field(Path("./runs"), description="Per-part run directories and logs")
+    work_dir: Path = Field(
+        Path("./runs/<name>"),
+        description="Per-part run directories, logs and the node's credential; by default "
+        "one per node name, so several workers started in one directory keep apart",
+    )
     trainers: dict[str, str] = Field(
         default_factory=dict,
         description="Extra trainers, name -> 'module:attribute' (built in: mnist)",
@@ -90,6 +94,12 @@ class WorkerSettings(BaseSettings):
             if ":" not in target:
                 raise ValueError(f"trainer {name!r}: {target!r} is not 'module:attribute'")
         return value
+
+    @model_validator(mode="after")
+    def _work_dir_of_its_name(self) -> WorkerSettings:
+        if self.work_dir == Path("./runs/<name>"):
+            self.work_dir = Path("./runs") / self.name
+        return self
 
     @property
     def credential_path(self) -> Path:

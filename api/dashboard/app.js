@@ -55,7 +55,7 @@ function askForToken(refused) {
   card.innerHTML = `
     <h2>${refused ? "The saved token was refused" : "This server needs a token"}</h2>
     <p class="muted">Paste a read-only token (the server's DDPO_READ_TOKEN) to watch jobs, or a
-      user token (DDPO_TOKEN) to submit and cancel too. It is kept in this browser only.</p>
+      user token (DDPO_USER_TOKEN) to submit and cancel too. It is kept in this browser only.</p>
     <label>Token <input name="token" type="password" autocomplete="off" required></label>
     <button type="submit">Save</button>`;
   card.addEventListener("submit", (event) => {

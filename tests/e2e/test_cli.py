@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from cli.cluster import LocalCluster
+from cli.cluster import LocalCluster, free_port, port_free
+from cli.local_cluster import KEPT_PORT
 from tests.conftest import REPO
-from tests.e2e.conftest import Jobs
+from tests.e2e.conftest import Jobs, until
 
 
 def ddpo(
@@ -147,3 +150,56 @@ def test_list_show_nodes_and_cancel(cluster: LocalCluster, jobs: Jobs) -> None:
         time.sleep(0.2)
     missing = ddpo(cluster, "show", "999999")
     assert missing.returncode != 0 and "job 999999 not found" in missing.stderr
+
+
+def test_a_kept_local_cluster_is_found_by_the_cli_and_stops_on_ctrl_c(
+    mnist_dir: Path, tmp_path: Path
+) -> None:
+    """``ddpo local-cluster --keep`` in one terminal; in another, ``ddpo``
+    with neither DDPO_SERVER nor DDPO_TOKEN set uses it."""
+    cluster_file = tmp_path / "cluster.json"
+    clean = {k: v for k, v in os.environ.items() if k not in ("DDPO_SERVER", "DDPO_TOKEN")}
+    env = {**clean, "DDPO_CLUSTER_FILE": str(cluster_file)}
+    # README's examples say localhost:8000: the default, where it is free.
+    port = [] if port_free(KEPT_PORT) else ["--port", str(free_port())]
+    with subprocess.Popen(
+        [sys.executable, "-m", "cli", "local-cluster", "--keep", "--workers", "2", *port]
+        + ["--data-dir", str(mnist_dir), "--state-dir", str(tmp_path / "state")],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as keeper:
+        try:
+            until(cluster_file.exists, 120, "the cluster file")
+            kept = json.loads(cluster_file.read_text())
+            assert oct(cluster_file.stat().st_mode & 0o777) == "0o600"
+            if not port:
+                assert kept["server"] == f"http://127.0.0.1:{KEPT_PORT}"
+
+            def cli(*args: str) -> subprocess.CompletedProcess[str]:
+                return subprocess.run(
+                    [sys.executable, "-m", "cli", *args],
+                    cwd=REPO,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
+
+            nodes = cli("nodes")
+            assert nodes.returncode == 0, nodes.stderr
+            assert len(re.findall(r"node-\d .* live", nodes.stdout)) == 2, nodes.stdout
+            done = cli("submit", "--wait", "--machines", "2", "--max-steps-per-epoch", "5")
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert "succeeded" in done.stdout
+            keeper.send_signal(signal.SIGINT)
+            shown, _ = keeper.communicate(timeout=60)
+        finally:
+            keeper.kill()
+    assert keeper.returncode == 0, shown
+    assert "Traceback" not in shown
+    assert not cluster_file.exists()
+    gone = cli("nodes")
+    assert gone.returncode == 1 and "cannot reach the server" in gone.stderr

@@ -1,0 +1,25 @@
+"""The worker's settings: defaults that keep several nodes on one host apart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from worker.__main__ import parse_settings
+
+
+def test_workers_started_in_one_directory_get_run_directories_of_their_names() -> None:
+    a = parse_settings(["--name", "node-a"])
+    b = parse_settings(["--name", "node-b"])
+    assert a.work_dir == Path("runs/node-a") and b.work_dir == Path("runs/node-b")
+    assert a.credential_path != b.credential_path
+
+
+def test_a_work_dir_given_is_kept() -> None:
+    given = parse_settings(["--name", "node-a", "--work-dir", "/tmp/elsewhere"])
+    assert given.work_dir == Path("/tmp/elsewhere")
+
+
+def test_address_interface_and_cpus_come_from_flags() -> None:
+    settings = parse_settings(["--address", "10.0.0.2", "--interface", "eth1", "--cpus", "3"])
+    assert (settings.address, settings.interface, settings.cpus) == ("10.0.0.2", "eth1", 3)
+    assert parse_settings([]).address is None  # the route to the server decides
