@@ -41,7 +41,7 @@ async function api(path, options = {}) {
     const detail = body && body.detail;
     const message = Array.isArray(detail) ? detail.map((d) => d.msg).join("; ")
       : detail || `${response.status} ${response.statusText}`;
-    throw new Error(message);
+    throw Object.assign(new Error(message), { status: response.status });
   }
   return body;
 }
@@ -125,6 +125,20 @@ function bar(job, big = false) {
 
 const page = () => document.getElementById("page");
 
+const when = (iso) => (iso ? new Date(iso).toLocaleString() : "–");
+
+// A part the orchestrator stopped says why: the job's deadline, a cancel, or
+// the failure elsewhere that ended its attempt.
+function whyStopped(job, part) {
+  if (part.error) return part.error;
+  if (!["cancelled", "stopping"].includes(part.status)) return "";
+  const e = job.error;
+  if (e && e.reason === "deadline") return `stopped at the job's deadline: ${e.message}`;
+  if (["cancelling", "cancelled"].includes(job.status)) return "stopped: the job was cancelled";
+  if (e) return `stopped: ${e.reason} on machine ${e.machine_id ?? "?"}`;
+  return "stopped by the server";
+}
+
 // --- jobs ----------------------------------------------------------------------
 
 function jobsPage() {
@@ -159,7 +173,7 @@ function jobsPage() {
     document.querySelector("#jobs tbody").innerHTML = jobs.data.map((job) => `
       <tr data-job="${job.id}">
         <td class="num"><a href="/ui/jobs/${job.id}">${job.id}</a></td>
-        <td>${esc(job.name || "")}</td>
+        <td>${esc(job.name || "")}${job.pending_reason ? `<div class="muted small pending">${esc(job.pending_reason)}</div>` : ""}</td>
         <td>${badge(job.status)}</td>
         <td>${topology(job.spec)}</td>
         <td class="num">${job.spec.batch_size}</td>
@@ -186,16 +200,21 @@ function jobPage(id) {
       <div id="progress-bar"></div>
       <div id="pending" class="muted" style="margin-top:8px"></div>
     </div>
-    <div class="card"><h2>Loss and throughput</h2><div id="loss-chart" class="chart"></div></div>
+    <div class="card"><h2>Loss and throughput</h2><div id="loss-chart" class="chart"></div>
+      <p id="chart-empty" class="muted" hidden></p></div>
     <div id="error-card" class="card" hidden><h2>Error</h2><div id="error"></div></div>
     <div class="grid">
       <div class="card"><h2>Result</h2><div id="result" class="muted">When it has finished.</div></div>
       <div class="card"><h2>Timing</h2><dl id="timing" class="facts"></dl></div>
       <div class="card"><h2>Spec</h2><dl id="spec" class="facts"></dl></div>
     </div>
-    <div class="card" style="margin-top:16px"><h2>Machines</h2>
+    <div class="card" style="margin-top:16px"><h2>Attempts</h2>
+      <table id="attempts"><thead><tr><th class="num">attempt</th><th>started</th><th>finished</th>
+        <th>resumed from</th><th>how it ended</th></tr></thead><tbody></tbody></table>
+    </div>
+    <div class="card"><h2>Machines <span class="muted small">(the current attempt)</span></h2>
       <table id="machines"><thead><tr><th class="num">machine</th><th>node</th><th>address</th>
-        <th>state</th><th class="num">exit code</th><th>failing rank</th></tr></thead><tbody></tbody></table>
+        <th>state</th><th class="num">exit code</th><th>failing rank</th><th>why it stopped</th></tr></thead><tbody></tbody></table>
     </div>
     <div class="card"><h2>Last ${LOG_LINES} log lines</h2><pre id="logs">…</pre></div>`;
 
@@ -218,7 +237,8 @@ function jobPage(id) {
     document.title = `ddpo · job ${job.id} ${job.status}`;
     document.getElementById("job-name").textContent = job.name || "";
     document.getElementById("status").innerHTML = badge(job.status);
-    cancel.disabled = TERMINAL.has(job.status) || job.status === "cancelling";
+    cancel.hidden = TERMINAL.has(job.status);
+    cancel.disabled = job.status === "cancelling";
     const p = job.progress;
     const pct = job.status === "succeeded" ? 100 : p ? p.percent : 0;
     document.getElementById("percent").textContent = `${pct.toFixed(1)}%`;
@@ -232,6 +252,9 @@ function jobPage(id) {
 
     const t = job.timing;
     document.getElementById("timing").innerHTML = [
+      ["created", when(t.created_at)],
+      ["started", when(t.started_at)],
+      ["finished", when(t.finished_at)],
       ["queued", duration(t.queued_seconds)],
       ["running", duration(t.running_seconds)],
       ["setup", t.setup_seconds !== null ? `${fixed(t.setup_seconds, 2)} s` : "–"],
@@ -245,12 +268,23 @@ function jobPage(id) {
       ["topology", `${topology(s)} (world size ${job.world_size})`],
       ["backend", s.backend], ["trainer", s.trainer],
       ["batch / process", s.batch_size], ["epochs", s.epochs], ["lr", s.lr], ["seed", s.seed],
+      ["max steps / epoch", s.max_steps_per_epoch ?? "all"],
+      ["max restarts", s.max_restarts],
+      ["deadline", s.max_run_seconds !== null && s.max_run_seconds !== undefined
+        ? `${s.max_run_seconds} s after the first start (max_run_seconds)` : "none"],
       ["attempt", job.attempt],
       ["rendezvous", job.master_port ? `${job.master_addr}:${job.master_port}` : "–"],
+      ["performance", Object.entries(s.performance || {}).map(([k, v]) => `${k}=${v}`).join(", ")],
     ].map(([k, v]) => `<dt>${k}</dt><dd>${esc(v)}</dd>`).join("");
 
     const r = job.result;
-    if (r) {
+    if (!r) {
+      document.getElementById("result").textContent = {
+        failed: "None: the job failed (see Error).",
+        cancelled: "None: the job was cancelled.",
+        succeeded: "None reported.",
+      }[job.status] || "When it has finished.";
+    } else {
       document.getElementById("result").className = "";
       document.getElementById("result").innerHTML = `
         <div id="accuracy" class="big-number">${percent(r.test_accuracy)}</div>
@@ -273,11 +307,19 @@ function jobPage(id) {
         ${e.traceback_tail ? `<pre class="error">${esc(e.traceback_tail)}</pre>` : ""}`;
     }
 
+    document.querySelector("#attempts tbody").innerHTML = job.attempts.map((a) => `
+      <tr data-attempt="${a.number}"><td class="num">${a.number}</td><td>${when(a.started_at)}</td>
+        <td>${a.finished_at ? when(a.finished_at) : "running"}</td>
+        <td>${a.resumed_from_epoch !== null ? `the checkpoint of epoch ${a.resumed_from_epoch}` : "the start"}</td>
+        <td>${a.error ? `<strong>${esc(a.error.reason)}</strong>: ${esc(a.error.message)}`
+          : a.finished_at ? esc(job.status === "succeeded" && a.number === job.attempt ? "succeeded" : job.status) : "–"}</td></tr>`
+    ).join("") || `<tr><td colspan="5" class="muted">${job.status === "queued" ? `Not started: ${esc(job.pending_reason || "waiting")}` : "None."}</td></tr>`;
+
     document.querySelector("#machines tbody").innerHTML = job.parts.map((part) => `
       <tr><td class="num">${part.machine_id}</td><td>${esc(part.node_name)}</td><td>${esc(part.node_address)}</td>
         <td>${badge(part.status)}</td><td class="num">${part.exit_code ?? "–"}</td>
-        <td>${part.failing_rank ?? "–"}</td></tr>`).join("") ||
-      `<tr><td colspan="6" class="muted">Not placed yet.</td></tr>`;
+        <td>${part.failing_rank ?? "–"}</td><td class="why">${esc(whyStopped(job, part))}</td></tr>`).join("") ||
+      `<tr><td colspan="7" class="muted">Not placed yet.</td></tr>`;
   }
 
   async function refreshChart() {
@@ -285,6 +327,13 @@ function jobPage(id) {
     const points = metrics.points;
     if (points.length === chartPoints || typeof Plotly === "undefined") return;
     chartPoints = points.length;
+    const empty = document.getElementById("chart-empty");
+    empty.hidden = points.length > 0;
+    document.getElementById("loss-chart").hidden = points.length === 0;
+    if (points.length === 0) {
+      empty.textContent = "No progress reported (rank 0 reports every 10 batches).";
+      return;
+    }
     const steps = points.map((q) => q.step);
     Plotly.react("loss-chart", [
       { x: steps, y: points.map((q) => q.loss), name: "loss", mode: "lines+markers", line: { color: "#2f6fde" }, marker: { size: 4 } },
@@ -312,7 +361,15 @@ function jobPage(id) {
   // every third one, and once more when the job has ended.
   let tick = 0;
   every(JOB_POLL_MS, async () => {
-    const job = await api(`/jobs/${id}`);
+    let job;
+    try {
+      job = await api(`/jobs/${id}`);
+    } catch (error) {
+      if (error.status !== 404) throw error;
+      page().innerHTML = `<h1>Job ${id} does not exist</h1>
+        <div class="card"><p id="not-found">${esc(error.message)}.</p><p><a href="/ui/jobs">All jobs</a></p></div>`;
+      return false;
+    }
     render(job);
     const ended = TERMINAL.has(job.status);
     const slow = tick++ % SLOW_EVERY === 0 || ended;
@@ -391,18 +448,103 @@ function nodesPage() {
   });
 }
 
+// --- studies ---------------------------------------------------------------------------
+
+const studyRowCells = (row) => `
+  <td class="num"><a href="/ui/jobs/${row.job_id}">${row.job_id}</a></td>
+  <td>${row.num_machines} × ${row.num_processes}</td><td class="num">${row.batch_size}</td>
+  <td>${badge(row.status)}</td><td class="num">${row.threads_per_process ?? "–"}</td>
+  <td class="num">${duration(row.wall_seconds)}</td><td class="num">${fixed(row.training_seconds, 1)}</td>
+  <td class="num">${rate(row.samples_per_sec)}</td><td class="num">${fixed(row.speedup, 2)}</td>
+  <td class="num">${fixed(row.efficiency, 2)}</td><td class="num">${percent(row.test_accuracy)}</td>`;
+
+const STUDY_HEAD = `<thead><tr><th class="num">job</th><th>topology</th><th class="num">batch</th>
+  <th>status</th><th class="num">threads</th><th class="num">wall</th><th class="num">train s</th>
+  <th class="num">samples/s</th><th class="num">speedup</th><th class="num">efficiency</th>
+  <th class="num">accuracy</th></tr></thead>`;
+
+function studiesPage() {
+  page().innerHTML = `
+    <h1>Studies</h1>
+    <div class="card"><p class="muted">A study runs the same training over several topologies,
+      one job after another (POST /studies, or <code>ddpo study</code>).</p>
+      <table id="studies"><thead><tr><th class="num">id</th><th>name</th><th>status</th>
+        <th>rows</th><th>created</th></tr></thead><tbody></tbody></table></div>`;
+  every(LIST_POLL_MS, async () => {
+    const studies = await api("/studies?limit=100");
+    document.querySelector("#studies tbody").innerHTML = studies.data.map((st) => `
+      <tr><td class="num"><a href="/ui/studies/${st.id}">${st.id}</a></td><td>${esc(st.name || "")}</td>
+        <td>${badge(st.status)}</td><td>${st.rows.map((r) => `${r.num_machines}×${r.num_processes}`).join(", ")}</td>
+        <td>${when(st.created_at)}</td></tr>`).join("") ||
+      `<tr><td colspan="5" class="muted">No studies yet.</td></tr>`;
+  });
+}
+
+function studyPage(id) {
+  page().innerHTML = `
+    <h1>Study ${id} <span id="study-name" class="muted"></span> <span id="status"></span></h1>
+    <div class="card"><h2>Speedup against the ideal</h2><div id="speedup-chart" class="chart"></div>
+      <p id="speedup-empty" class="muted" hidden>No row has finished yet.</p></div>
+    <div class="card"><h2>Rows <span class="muted small">(speedup and efficiency against the first row's training time)</span></h2>
+      <table id="study-rows">${STUDY_HEAD}<tbody></tbody></table></div>`;
+  let drawn = "";
+  every(LIST_POLL_MS, async () => {
+    let study;
+    try {
+      study = await api(`/studies/${id}`);
+    } catch (error) {
+      if (error.status !== 404) throw error;
+      page().innerHTML = `<h1>Study ${id} does not exist</h1>
+        <div class="card"><p id="not-found">${esc(error.message)}.</p><p><a href="/ui/studies">All studies</a></p></div>`;
+      return false;
+    }
+    document.title = `ddpo · study ${study.id} ${study.status}`;
+    document.getElementById("study-name").textContent = study.name || "";
+    document.getElementById("status").innerHTML = badge(study.status);
+    document.querySelector("#study-rows tbody").innerHTML = study.rows.map((row) =>
+      `<tr data-job="${row.job_id}">${studyRowCells(row)}</tr>`).join("");
+    const done = study.rows.filter((r) => r.speedup !== null);
+    const key = JSON.stringify(done.map((r) => r.speedup));
+    document.getElementById("speedup-empty").hidden = done.length > 0;
+    document.getElementById("speedup-chart").hidden = done.length === 0;
+    if (done.length && key !== drawn && typeof Plotly !== "undefined") {
+      drawn = key;
+      const base = study.rows[0].world_size;
+      const sizes = study.rows.map((r) => r.world_size);
+      Plotly.react("speedup-chart", [
+        { x: sizes, y: sizes.map((w) => w / base), name: "ideal (linear)", mode: "lines", line: { color: "#999", dash: "dash" } },
+        { x: done.map((r) => r.world_size), y: done.map((r) => r.speedup), name: "measured",
+          text: done.map((r) => `${r.num_machines} × ${r.num_processes}`), mode: "lines+markers+text",
+          textposition: "top center", line: { color: "#2f6fde" } },
+      ], {
+        margin: { l: 50, r: 20, t: 10, b: 40 },
+        xaxis: { title: { text: "processes (world size)" }, tickvals: sizes },
+        yaxis: { title: { text: "speedup" }, rangemode: "tozero" },
+        legend: { orientation: "h", y: 1.12 },
+        font: { family: getComputedStyle(document.body).fontFamily, size: 12 },
+      }, { displayModeBar: false, responsive: true });
+    }
+    return !TERMINAL.has(study.status) || key !== drawn;
+  });
+}
+
 // --- routing ---------------------------------------------------------------------------
 
 function route() {
   const path = location.pathname.replace(/\/+$/, "");
   const job = path.match(/^\/ui\/jobs\/(\d+)$/);
-  const section = job ? "jobs" : path.split("/")[2] || "jobs";
+  const study = path.match(/^\/ui\/studies\/(\d+)$/);
+  const section = job ? "jobs" : study ? "studies" : path.split("/")[2] || "jobs";
   document.querySelectorAll("[data-nav]").forEach((a) => a.classList.toggle("active", a.dataset.nav === section));
   if (job) return jobPage(Number(job[1]));
+  if (study) return studyPage(Number(study[1]));
+  if (section === "studies") return studiesPage();
   if (section === "submit") return submitPage();
   if (section === "nodes") return nodesPage();
   if (section === "jobs") return jobsPage();
-  page().innerHTML = `<h1>Not found</h1><p><a href="/ui/jobs">Jobs</a></p>`;
+  page().innerHTML = `<h1>No page ${esc(path)}</h1><div class="card"><p>The dashboard has
+    <a href="/ui/jobs">jobs</a>, <a href="/ui/studies">studies</a>, <a href="/ui/submit">submit</a>
+    and <a href="/ui/nodes">nodes</a>.</p></div>`;
 }
 
 showSignOut();

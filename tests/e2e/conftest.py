@@ -39,6 +39,8 @@ def cluster(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             "dies=tests.e2e.trainers:DIES",
             "--trainer",
             "mnist-no-dropout=tests.e2e.trainers:NO_DROPOUT",
+            "--trainer",
+            "killed-once=tests.e2e.trainers:KILLED_ONCE",
         ],
     ) as running:
         yield running

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -140,7 +141,8 @@ def test_submit_watch_and_cancel_from_the_browser(
         "document.querySelector('#status .badge').textContent === 'cancelled'", timeout=15_000
     )
     assert jobs.get(long_id)["status"] == "cancelled"
-    assert page.is_disabled("#cancel")
+    assert page.is_hidden("#cancel")  # nothing left to cancel
+    assert "stopped: the job was cancelled" in page.inner_text("#machines")
 
     page.goto(f"{cluster.url}/ui/nodes")
     page.locator("#nodes tbody tr").nth(1).wait_for()
@@ -165,3 +167,63 @@ def test_a_read_token_watches_but_cannot_submit(page: Any, cluster: LocalCluster
     page.goto(f"{cluster.url}/ui/nodes")
     page.locator("#token-form").wait_for()
     assert page.locator("#nodes tbody tr td:first-child").all_inner_texts() == []
+
+
+def test_the_job_and_study_pages_tell_the_whole_story(
+    page: Any, cluster: LocalCluster, jobs: Jobs
+) -> None:
+    assert cluster.tokens is not None
+    page.goto(f"{cluster.url}/ui/jobs")
+    sign_in(page, cluster, cluster.tokens.user)
+
+    # Two attempts, the first killed by a signal: both shown, with the error.
+    retried = jobs.submit(trainer="killed-once", max_restarts=1, name=f"retried-{uuid.uuid4().hex}")
+    assert jobs.wait_done(retried)["status"] == "succeeded"
+    page.goto(f"{cluster.url}/ui/jobs/{retried}")
+    page.locator("#attempts tr[data-attempt='2']").wait_for()
+    first = page.inner_text("#attempts tr[data-attempt='1']")
+    assert "rank_exited" in first and "SIGKILL" in first, first
+    assert "succeeded" in page.inner_text("#attempts tr[data-attempt='2']")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-attempts.png"), full_page=True)
+
+    # A deadline: the spec says it, and the machine says why it was stopped.
+    late = jobs.submit(max_run_seconds=4)  # a whole epoch takes far longer
+    assert jobs.wait_done(late)["error"]["reason"] == "deadline"
+    page.goto(f"{cluster.url}/ui/jobs/{late}")
+    page.get_by_text("4 s after the first start (max_run_seconds)").wait_for()
+    page.locator("#machines td.why", has_text="stopped at the job's deadline").wait_for()
+    assert page.is_hidden("#cancel")
+    assert "None: the job failed" in page.inner_text("#result")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-deadline.png"), full_page=True)
+
+    # A job that does not exist says so.
+    page.goto(f"{cluster.url}/ui/jobs/999999")
+    page.get_by_role("heading", name="Job 999999 does not exist").wait_for()
+    assert "job 999999 not found" in page.inner_text("#not-found")
+
+    # A study: its table, and its speedup beside the ideal line.
+    study = jobs.client.post(
+        "/studies",
+        json={
+            "spec": {"max_steps_per_epoch": 20},
+            "rows": [
+                {"num_processes": 1, "batch_size": 128},
+                {"num_processes": 2, "batch_size": 64},
+            ],
+        },
+    ).json()
+    page.goto(f"{cluster.url}/ui/studies")
+    page.locator(f"#studies a[href='/ui/studies/{study['id']}']").click()
+    page.wait_for_function(
+        "document.querySelector('#status .badge')?.textContent === 'succeeded'",
+        timeout=180_000,
+    )
+    page.wait_for_function(
+        "document.getElementById('speedup-chart').data?.[1]?.x.length === 2", timeout=10_000
+    )
+    assert page.locator("#study-rows tbody tr").count() == 2
+    traces = page.eval_on_selector("#speedup-chart", "c => c.data.map((t) => t.name)")
+    assert traces == ["ideal (linear)", "measured"]
+    ideal = page.eval_on_selector("#speedup-chart", "c => c.data[0].y")
+    assert ideal == [1, 2]
+    page.screenshot(path=str(ARTIFACTS / "dashboard-study.png"), full_page=True)

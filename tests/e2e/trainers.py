@@ -54,3 +54,22 @@ def _nothing(ctx: TrainContext) -> TrainResult | None:
 # Costs next to nothing beyond the launch itself: for tests of the
 # orchestration under load.
 NOOP = Trainer(train=_nothing)
+
+
+def _first_attempt_killed(ctx: TrainContext) -> TrainResult | None:
+    """Rank 0 is killed by SIGKILL (a retryable failure) the first time a job
+    of this name runs; the next attempt succeeds."""
+    import signal
+    import tempfile
+    from pathlib import Path
+
+    marker = Path(tempfile.gettempdir()) / f"ddpo-killed-once-{ctx.spec.name}"
+    dist.all_reduce(torch.ones(1))
+    if ctx.rank == 0 and not marker.exists():
+        marker.touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.ones(1))
+    return None
+
+
+KILLED_ONCE = Trainer(train=_first_attempt_killed)
