@@ -29,6 +29,7 @@ from api.lifecycle import (
     move_job,
     move_part,
     settle_job,
+    study_status,
 )
 from api.scheduling import NodeCapacity, Pending, Placement, plan
 from api.schemas import (
@@ -147,7 +148,11 @@ class Coordinator:
             if queries.get_study(session=session, study_id=study_id) is None:
                 raise HTTPException(404, f"study {study_id} not found")
             now = utcnow()
-            for job in queries.jobs_of_studies(session=session, study_ids=[study_id]):
+            rows = queries.jobs_of_studies(session=session, study_ids=[study_id])
+            if not any(can_cancel(JobStatus(job.status)) for job in rows):
+                status = study_status(JobStatus(job.status) for job in rows)
+                raise HTTPException(409, f"study {study_id} is already {status.value}")
+            for job in rows:
                 if can_cancel(JobStatus(job.status)):
                     _cancel(session, job, now, self.settings)
 
@@ -402,7 +407,15 @@ class Coordinator:
         with self.db.read() as session:
             job = _job_or_404(session, job_id)
             if job.checkpoint_file is None or job.checkpoint_epoch is None:
-                raise HTTPException(404, f"job {job_id} has no checkpoint yet")
+                status = JobStatus(job.status)
+                raise HTTPException(
+                    404,
+                    f"job {job_id} has no checkpoint: it ended ({status.value}) before its "
+                    "first epoch did"
+                    if status.is_terminal()
+                    else f"job {job_id} has no checkpoint yet: rank 0 writes one at the end "
+                    "of every epoch",
+                )
             path = self.settings.artifacts_dir / f"job-{job_id}" / job.checkpoint_file
             return path, job.checkpoint_epoch
 

@@ -139,13 +139,24 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     """422 whose messages start with the dotted name of the offending field."""
     assert isinstance(exc, RequestValidationError)
     detail = []
+    content_type = request.headers.get("content-type", "")
     for error in exc.errors():
         loc = [str(part) for part in error.get("loc", ())]
+        msg = error.get("msg", "invalid")
+        if error.get("type") == "json_invalid":
+            # loc is ("body", <character offset>): say what it is.
+            offset = loc[1] if len(loc) > 1 else ""
+            where = int(offset) + 1 if offset.isdigit() else "?"  # counted from 1
+            reason = (error.get("ctx") or {}).get("error", "")
+            detail.append({**error, "msg": f"body: not valid JSON at character {where}: {reason}"})
+            continue
         # Drop where it came from ("body", "query", "path"): the name is what helps.
         if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
             loc = loc[1:] or loc
         field = ".".join(loc) or "body"
-        detail.append({**error, "msg": f"{field}: {error.get('msg', 'invalid')}"})
+        if loc == ["body"] and "json" not in content_type:
+            msg += " (send the body as JSON, with content-type: application/json)"
+        detail.append({**error, "msg": f"{field}: {msg}"})
     return JSONResponse(status_code=422, content={"detail": jsonable_encoder(detail)})
 
 

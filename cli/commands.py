@@ -13,7 +13,7 @@ from api.lifecycle import JobStatus
 from api.schemas import JobPublic, JobsPublic, LogLinePublic, LogsPublic, NodePublic
 from cli import render
 from cli.api import DEFAULT_SERVER, Api, CliError, riding_out_restarts, server_url, token_for
-from cli.jobs import add_spec_arguments, follow, spec_from_args, submit
+from cli.jobs import add_spec_arguments, follow, spec_from_args, submit_once
 
 ENVIRONMENT = (
     "Environment: DDPO_SERVER, the server's URL (default "
@@ -76,16 +76,22 @@ def add_submit(commands: Any) -> None:
 
 def run_submit(args: argparse.Namespace) -> int:
     with client_for(args) as api:
-        job = submit(api, spec_from_args(args), args.idempotency_key)
+        job, new = submit_once(api, spec_from_args(args), args.idempotency_key)
+        said = (
+            f"submitted job {job.id}"
+            if new
+            else f"job {job.id} has this Idempotency-Key already (the same spec): not "
+            "submitted again"
+        )
         if not args.wait:
             if args.json:
                 _print_json(job.model_dump(mode="json"))
             else:
                 why = f": {job.pending_reason}" if job.pending_reason else ""
-                print(f"submitted job {job.id} ({job.status.value}{why})")
+                print(f"{said} ({job.status.value}{why})")
             return 0
         if not args.json:
-            print(f"submitted job {job.id}", flush=True)
+            print(said, flush=True)
         job = follow(api, job.id, out=sys.stderr if args.json else sys.stdout)
     if args.json:
         _print_json(job.model_dump(mode="json"))

@@ -103,9 +103,17 @@ def spec_from_args(args: argparse.Namespace) -> dict[str, object]:
 
 
 def submit(api: Api, spec: dict[str, object], idempotency_key: str | None = None) -> JobPublic:
+    job, _ = submit_once(api, spec, idempotency_key)
+    return job
+
+
+def submit_once(
+    api: Api, spec: dict[str, object], idempotency_key: str | None = None
+) -> tuple[JobPublic, bool]:
+    """The job, and whether it is new (False: the Idempotency-Key's job)."""
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
     response = api.post("/jobs", "submit", json=spec, headers=headers)
-    return JobPublic.model_validate(response.json())
+    return JobPublic.model_validate(response.json()), response.status_code == 201
 
 
 def follow(

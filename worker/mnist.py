@@ -275,7 +275,10 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
     if spec.max_steps_per_epoch is not None:
         batches_per_epoch = min(batches_per_epoch, spec.max_steps_per_epoch)
     samples_per_batch = spec.batch_size * ctx.world_size
-    samples_per_epoch = len(data.sampler) * ctx.world_size
+    # A cut-short epoch (max_steps_per_epoch) is as long as its batches.
+    samples_per_epoch = min(
+        len(data.sampler) * ctx.world_size, batches_per_epoch * samples_per_batch
+    )
 
     train_started = perf_counter()
     epoch_seconds: list[float] = []
@@ -300,7 +303,8 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
                 rate = (done - window_done) * samples_per_batch / max(now - window_started, 1e-9)
                 window_started, window_done = now, done
                 print(
-                    f"Train Epoch: {epoch} [{done * samples_per_batch}/{samples_per_epoch} "
+                    f"Train Epoch: {epoch} [{min(done * samples_per_batch, samples_per_epoch)}"
+                    f"/{samples_per_epoch} "
                     f"({100.0 * done / batches_per_epoch:.0f}%)]\tLoss: {value:.6f}",
                     flush=True,
                 )

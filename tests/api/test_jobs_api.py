@@ -117,3 +117,26 @@ def test_cancelling_a_queued_job_ends_it_and_twice_is_a_conflict(client: httpx.C
 
 def test_health(client: httpx.Client) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_bad_json_and_a_missing_content_type_say_what_to_send(client: httpx.Client) -> None:
+    broken = client.post(
+        "/jobs", content=b'{"epochs": }', headers={"content-type": "application/json"}
+    )
+    assert broken.status_code == 422
+    assert broken.json()["detail"][0]["msg"].startswith("body: not valid JSON at character 12")
+    untyped = client.post("/jobs", content=b'{"epochs": 2}', headers={"content-type": ""})
+    assert untyped.status_code == 422
+    assert "content-type: application/json" in untyped.json()["detail"][0]["msg"]
+
+
+def test_a_model_that_is_not_there_says_why(client: httpx.Client) -> None:
+    job = submit(client)
+    missing = client.get(f"/jobs/{job['id']}/model")
+    assert missing.status_code == 404 and "no checkpoint yet" in missing.json()["detail"]
+    client.post(f"/jobs/{job['id']}/cancel").raise_for_status()
+    ended = client.get(f"/jobs/{job['id']}/model").json()["detail"]
+    assert (
+        ended
+        == f"job {job['id']} has no checkpoint: it ended (cancelled) before its first epoch did"
+    )

@@ -48,6 +48,10 @@ def test_cancelling_a_study_cancels_every_row(client: httpx.Client) -> None:
     cancelled = client.post(f"/studies/{created['id']}/cancel").json()
     assert cancelled["status"] == "cancelled"
     assert {r["status"] for r in cancelled["rows"]} == {"cancelled"}
+    # As with a job: cancelling what has ended is a conflict, and says so.
+    again = client.post(f"/studies/{created['id']}/cancel")
+    assert again.status_code == 409
+    assert again.json()["detail"] == f"study {created['id']} is already cancelled"
 
 
 def test_bad_studies_get_422_naming_the_field(client: httpx.Client) -> None:

@@ -97,6 +97,9 @@ def test_conflicts_show_the_servers_reason(cluster: LocalCluster, jobs: Jobs) ->
     other = ddpo("submit", "--idempotency-key", "cli-409", "--epochs", "2", env=env)
     assert_one_clear_line(other, "Idempotency-Key 'cli-409' was used for job", "different spec")
     job_id = int(first.stdout.split()[2])
+    same = ddpo("submit", "--idempotency-key", "cli-409", "--max-steps-per-epoch", "1", env=env)
+    assert same.returncode == 0, same.stderr
+    assert f"job {job_id} has this Idempotency-Key already" in same.stdout
     jobs.wait_done(job_id)
     again = ddpo("cancel", str(job_id), env=env)
     assert_one_clear_line(again, f"job {job_id} is already")

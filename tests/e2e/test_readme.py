@@ -4,11 +4,14 @@ directory is replaced (README's ../shared/data is relative to a clone)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,25 +26,63 @@ from tests.e2e.conftest import until
 
 pytestmark = pytest.mark.e2e
 
-SECTION = "### A cluster to play with, then curl"
+CURL = "### A cluster to play with, then curl"
+CLI = "### The command line"
 
 
-def shell_blocks() -> list[str]:
+def shell_blocks(heading: str) -> list[str]:
     readme = (REPO / "README.md").read_text()
-    section = readme[readme.index(SECTION) :]
-    section = section[: section.index("\n### ", len(SECTION))]
+    section = readme[readme.index(heading) :]
+    section = section[: section.index("\n### ", len(heading))]
     return re.findall(r"```sh\n(.*?)```", section, re.S)
 
 
-def run_block(block: str, cwd: Path, env: dict[str, str]) -> str:
+@contextlib.contextmanager
+def kept_cluster(
+    mnist_dir: Path, cwd: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[dict[str, str], kept.KeptCluster]]:
+    """README's first terminal: ``ddpo local-cluster --keep --workers 2``, as
+    written in its curl section; the environment of the second terminal."""
+    if not port_free(KEPT_PORT):
+        pytest.fail(f"README's examples need localhost:{KEPT_PORT}, which is taken here")
+    start = shell_blocks(CURL)[0].splitlines()[1]
+    assert start.startswith(".venv/bin/ddpo local-cluster --keep"), start
+    start = start.replace(".venv/bin/ddpo", f"{sys.executable} -m cli")
+    start = start.replace("../shared/data", str(mnist_dir))
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("DDPO_")},
+        "DDPO_CLUSTER_FILE": str(cwd / "cluster.json"),
+        "PYTHONPATH": str(REPO),
+    }
+    monkeypatch.setenv("DDPO_CLUSTER_FILE", env["DDPO_CLUSTER_FILE"])
+    with subprocess.Popen(
+        ["bash", "-c", f"exec {start}"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as keeper:
+        try:
+            found = until(kept.read, 120, "the kept cluster")
+            yield env, found
+            keeper.send_signal(signal.SIGINT)  # Ctrl-C
+            assert keeper.wait(60) == 0
+        finally:
+            keeper.kill()
+
+
+def run_block(
+    prelude: str, block: str, cwd: Path, env: dict[str, str], timeout_s: float = 120
+) -> str:
     """The block in bash, stopping at the first line that fails."""
     done = subprocess.run(
-        ["bash", "-e", "-o", "pipefail", "-c", f"source local-cluster/tokens.env\n{block}"],
+        ["bash", "-e", "-o", "pipefail", "-c", f"{prelude}\n{block}"],
         cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout_s,
     )
     assert done.returncode == 0, f"{block}\nfailed with {done.returncode}:\n{done.stderr}"
     return done.stdout
@@ -50,49 +91,40 @@ def run_block(block: str, cwd: Path, env: dict[str, str]) -> str:
 def test_readmes_kept_cluster_and_curl_lines_work_as_written(
     mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not port_free(KEPT_PORT):
-        pytest.fail(f"README's examples need localhost:{KEPT_PORT}, which is taken here")
-    setup, submit_and_read, after_the_job = shell_blocks()
-    start, source = [line for line in setup.splitlines() if not line.startswith("#")]
-    assert source == "source local-cluster/tokens.env"
-    start = start.replace(".venv/bin/ddpo", f"{sys.executable} -m cli")
-    start = start.replace("../shared/data", str(mnist_dir))
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("DDPO_")},
-        "DDPO_CLUSTER_FILE": str(tmp_path / "cluster.json"),
-        "PYTHONPATH": str(REPO),
-    }
-    with subprocess.Popen(
-        ["bash", "-c", f"exec {start}"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    ) as keeper:
-        try:
-            monkeypatch.setenv("DDPO_CLUSTER_FILE", env["DDPO_CLUSTER_FILE"])
-            until(lambda: kept.read() is not None, 120, "the kept cluster")
-            shown = run_block(submit_and_read, tmp_path, env)
-            assert '"name":"mnist-2x1"' in shown.replace(" ", "")
-            found = kept.read()
-            assert found is not None
-            headers = {"Authorization": f"Bearer {found.token}"}
-            deadline = time.monotonic() + 240
-            while True:  # as a user waits for job 1 to end
-                job = httpx.get(f"{found.server}/jobs/1", headers=headers, timeout=10).json()
-                if job["status"] in ("succeeded", "failed", "cancelled"):
-                    break
-                assert time.monotonic() < deadline, f"job 1 did not end: {job}"
-                time.sleep(1)
-            assert job["status"] == "succeeded", job["error"]
-            shown = run_block(after_the_job, tmp_path, env)
-            assert "Test set: average loss" in shown
-            checkpoint = torch.load(tmp_path / "model.pt", weights_only=False)
-            assert "model" in checkpoint
-            cancelled = httpx.get(f"{found.server}/jobs/2", headers=headers, timeout=10).json()
-            assert cancelled["status"] in ("cancelled", "cancelling")
-            keeper.send_signal(2)  # Ctrl-C
-            assert keeper.wait(60) == 0
-        finally:
-            keeper.kill()
+    setup, submit_and_read, after_the_job = shell_blocks(CURL)
+    assert setup.splitlines()[-1] == "source local-cluster/tokens.env"
+    with kept_cluster(mnist_dir, tmp_path, monkeypatch) as (env, found):
+        prelude = "source local-cluster/tokens.env"
+        shown = run_block(prelude, submit_and_read, tmp_path, env)
+        assert '"name":"mnist-2x1"' in shown.replace(" ", "")
+        headers = {"Authorization": f"Bearer {found.token}"}
+        deadline = time.monotonic() + 240
+        while True:  # as a user waits for job 1 to end
+            job = httpx.get(f"{found.server}/jobs/1", headers=headers, timeout=10).json()
+            if job["status"] in ("succeeded", "failed", "cancelled"):
+                break
+            assert time.monotonic() < deadline, f"job 1 did not end: {job}"
+            time.sleep(1)
+        assert job["status"] == "succeeded", job["error"]
+        shown = run_block(prelude, after_the_job, tmp_path, env)
+        assert "Test set: average loss" in shown
+        checkpoint = torch.load(tmp_path / "model.pt", weights_only=False)
+        assert "model" in checkpoint
+        cancelled = httpx.get(f"{found.server}/jobs/2", headers=headers, timeout=10).json()
+        assert cancelled["status"] in ("cancelled", "cancelling")
+
+
+def test_readmes_cli_lines_work_as_written(
+    mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (block,) = shell_blocks(CLI)
+    with kept_cluster(mnist_dir, tmp_path, monkeypatch) as (env, found):
+        # The second terminal activates this checkout's virtualenv.
+        prelude = f"source {sys.prefix}/bin/activate"
+        block = block.replace("source .venv/bin/activate\n", "")
+        shown = run_block(prelude, block, tmp_path, env, timeout_s=600)
+    assert "job 3 succeeded" in shown  # submit --wait
+    assert "job 4 cancell" in shown  # the nightly job, cancelled
+    assert re.search(r"^1 x 2 .* succeeded$", shown, re.M), shown  # the study's table
+    assert "Test set: average loss" in shown  # logs
+    assert "job 1 succeeded" in shown  # the one-shot local cluster's own job
