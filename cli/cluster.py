@@ -85,8 +85,16 @@ def _spawn(
         # Out of the terminal's process group: Ctrl-C reaches only the CLI,
         # which cancels its job and then stops these in order.
         start_new_session=True,
+        # And never outlive it: killed outright, it takes them along.
+        preexec_fn=_die_with_parent,
     )
     return ManagedProcess(name, process, log_path, log)
+
+
+def _die_with_parent() -> None:
+    from worker._process import die_with_parent
+
+    die_with_parent(os.getppid(), sig=signal.SIGTERM)
 
 
 SERVER_NICE = 10

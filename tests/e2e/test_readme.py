@@ -66,10 +66,10 @@ def kept_cluster(
         try:
             found = until(kept.read, 120, "the kept cluster")
             yield env, found
-            keeper.send_signal(signal.SIGINT)  # Ctrl-C
-            assert keeper.wait(60) == 0
         finally:
-            keeper.kill()
+            keeper.send_signal(signal.SIGINT)  # Ctrl-C: it stops what it started
+            code = keeper.wait(60)
+        assert code == 0, keeper.stdout.read() if keeper.stdout else code
 
 
 def run_block(
@@ -122,6 +122,7 @@ def test_readmes_cli_lines_work_as_written(
         # The second terminal activates this checkout's virtualenv.
         prelude = f"source {sys.prefix}/bin/activate"
         block = block.replace("source .venv/bin/activate\n", "")
+        block = block.replace("../shared/data", str(mnist_dir))
         shown = run_block(prelude, block, tmp_path, env, timeout_s=600)
     assert "job 3 succeeded" in shown  # submit --wait
     assert "job 4 cancell" in shown  # the nightly job, cancelled
