@@ -109,22 +109,24 @@ def _run_on(cluster: LocalCluster, args: argparse.Namespace, workers: int) -> in
     print(f"starting a server and {workers} worker(s) in {args.state_dir} ...", flush=True)
     started = time.monotonic()
     with cluster:
-        print(f"server at {cluster.url}, dashboard at {cluster.url}/ui/jobs", flush=True)
         print(f"database, logs and run directories in {cluster.state_dir}", flush=True)
-        print(how_to_use_tokens(cluster), flush=True)
         if args.keep:
+            print(f"server at {cluster.url}, dashboard at {cluster.url}/ui/jobs", flush=True)
+            print(how_to_use_tokens(cluster), flush=True)
             return _keep(cluster)
+        # Gone when the job ends: --keep is the cluster to use by hand.
+        print(
+            f"dashboard at {cluster.url}/ui/jobs while this runs (its tokens: "
+            f"{cluster.tokens_file}); --keep keeps a cluster for the CLI and curl",
+            flush=True,
+        )
         with cluster.api() as api:
             if args.study:
                 study = run_study(api, study_request(args))
                 print(render.study_table(study))
                 return 0 if study.status.value == "succeeded" else 1
             job = submit(api, spec_from_args(args))
-            print(
-                f"submitted job {job.id}; follow it with: "
-                f'curl -H "Authorization: Bearer $DDPO_TOKEN" {cluster.url}/jobs/{job.id}',
-                flush=True,
-            )
+            print(f"submitted job {job.id}", flush=True)
             try:
                 job = follow(api, job.id)
             except KeyboardInterrupt:
