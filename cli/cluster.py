@@ -7,6 +7,7 @@ benchmarks, so all three exercise the same real processes.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 import signal
@@ -91,6 +92,30 @@ def _spawn(
     return ManagedProcess(name, process, log_path, log)
 
 
+class StateDirInUse(RuntimeError):
+    """Another local cluster runs on this state directory (its database, tokens)."""
+
+
+def _hold_state_dir(state_dir: Path) -> IO[str]:
+    """An exclusive lock on the state directory for the cluster's lifetime:
+    two clusters on one database and one tokens file would ruin both."""
+    lock = open(state_dir / "cluster.lock", "a+", encoding="utf-8")  # noqa: SIM115
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        raise StateDirInUse(
+            f"{state_dir} is in use by the local cluster of {holder} (a `ddpo local-cluster "
+            "--keep`?); give this one its own --state-dir"
+        ) from None
+    lock.truncate(0)
+    lock.write(f"process {os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
 def _die_with_parent() -> None:
     from worker._process import die_with_parent
 
@@ -163,6 +188,7 @@ class LocalCluster:
     advertise_address: bool = True
     server: ManagedProcess | None = None
     worker_processes: list[ManagedProcess] = field(default_factory=list)
+    _lock: IO[str] | None = field(default=None, init=False, repr=False)
 
     @property
     def server_address(self) -> str:
@@ -216,6 +242,7 @@ class LocalCluster:
     def start(self, timeout_s: float = 60.0) -> None:
         self.state_dir = self.state_dir.resolve()
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = _hold_state_dir(self.state_dir)
         # A test host has nothing else listening: any port is free there.
         self.port = self.port or (DEFAULT_PORT if self.hosts else free_port())
         if self.secure and self.tokens is None:
@@ -320,6 +347,14 @@ class LocalCluster:
         raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
 
     def stop(self) -> None:
+        try:
+            self._stop_processes()
+        finally:
+            if self._lock is not None:
+                self._lock.close()  # releases the state directory
+                self._lock = None
+
+    def _stop_processes(self) -> None:
         # Workers first, so they stop their ranks and report while the server is up.
         for worker in self.worker_processes:
             if worker.process.poll() is None:

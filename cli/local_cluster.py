@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from cli import kept, render
-from cli.cluster import LocalCluster, port_free
+from cli.cluster import LocalCluster, StateDirInUse, port_free
 from cli.hosts import HostsUnavailable, TestHosts
 from cli.jobs import add_spec_arguments, follow, spec_from_args, submit
 from cli.studies import add_study_arguments, run_study, study_request
@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--study",
         action="store_true",
         help="run a scaling study (see --rows) instead of one job, and print its table",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the job's (or study's) JSON at the end"
     )
     parser.add_argument(
         "--hosts",
@@ -102,39 +105,50 @@ def run(args: argparse.Namespace) -> int:
             port=port,
             hosts=hosts,
         )
-        return _run_on(cluster, args, workers)
+        try:
+            return _run_on(cluster, args, workers)
+        except StateDirInUse as exc:
+            raise SystemExit(f"--state-dir: {exc}") from None
 
 
 def _run_on(cluster: LocalCluster, args: argparse.Namespace, workers: int) -> int:
-    print(f"starting a server and {workers} worker(s) in {args.state_dir} ...", flush=True)
+    # With --json, stdout carries the API's JSON alone; people's lines go to stderr.
+    out = sys.stderr if args.json else sys.stdout
+
+    def say(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    say(f"starting a server and {workers} worker(s) in {args.state_dir} ...")
     started = time.monotonic()
     with cluster:
-        print(f"database, logs and run directories in {cluster.state_dir}", flush=True)
+        say(f"database, logs and run directories in {cluster.state_dir}")
         if args.keep:
-            print(f"server at {cluster.url}, dashboard at {cluster.url}/ui/jobs", flush=True)
-            print(how_to_use_tokens(cluster), flush=True)
+            say(f"server at {cluster.url}, dashboard at {cluster.url}/ui/jobs")
+            say(how_to_use_tokens(cluster))
             return _keep(cluster)
         # Gone when the job ends: --keep is the cluster to use by hand.
-        print(
+        say(
             f"dashboard at {cluster.url}/ui/jobs while this runs (its tokens: "
-            f"{cluster.tokens_file}); --keep keeps a cluster for the CLI and curl",
-            flush=True,
+            f"{cluster.tokens_file}); --keep keeps a cluster for the CLI and curl"
         )
         with cluster.api() as api:
             if args.study:
-                study = run_study(api, study_request(args))
-                print(render.study_table(study))
+                study = run_study(api, study_request(args), out=out)
+                print(study.model_dump_json(indent=2) if args.json else render.study_table(study))
                 return 0 if study.status.value == "succeeded" else 1
             job = submit(api, spec_from_args(args))
-            print(f"submitted job {job.id}", flush=True)
+            say(f"submitted job {job.id}")
             try:
-                job = follow(api, job.id)
+                job = follow(api, job.id, out=out)
             except KeyboardInterrupt:
-                print(f"\ncancelling job {job.id} ...", flush=True)
+                say(f"\ncancelling job {job.id} ...")
                 api.post(f"/jobs/{job.id}/cancel", f"cancel job {job.id}")
-                job = follow(api, job.id)
-        print(render.summary(job))
-        print(f"wall time, cluster start to job end: {time.monotonic() - started:.1f} s")
+                job = follow(api, job.id, out=out)
+        if args.json:
+            print(job.model_dump_json(indent=2))
+        else:
+            print(render.summary(job))
+        say(f"wall time, cluster start to job end: {time.monotonic() - started:.1f} s")
     return 0 if job.status.value == "succeeded" else 1
 
 

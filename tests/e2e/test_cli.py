@@ -188,6 +188,11 @@ def test_a_kept_local_cluster_is_found_by_the_cli_and_stops_on_ctrl_c(
                     timeout=120,
                 )
 
+            # A second cluster on the same state directory would share its
+            # database and overwrite its tokens: refused, saying why.
+            twin = cli("local-cluster", "--state-dir", str(tmp_path / "state"))
+            assert twin.returncode != 0
+            assert "is in use by the local cluster of process" in twin.stderr, twin.stderr
             nodes = cli("nodes")
             assert nodes.returncode == 0, nodes.stderr
             assert len(re.findall(r"node-\d .* live", nodes.stdout)) == 2, nodes.stdout
@@ -203,3 +208,18 @@ def test_a_kept_local_cluster_is_found_by_the_cli_and_stops_on_ctrl_c(
     assert not cluster_file.exists()
     gone = cli("nodes")
     assert gone.returncode == 1 and "cannot reach the server" in gone.stderr
+
+
+def test_a_one_shot_local_cluster_prints_the_jobs_json(mnist_dir: Path, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "local-cluster", "--json", "--max-steps-per-epoch", "5"]
+        + ["--data-dir", str(mnist_dir), "--state-dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = json.loads(done.stdout)  # stdout is the JSON alone; the progress went to stderr
+    assert job["status"] == "succeeded" and job["result"]["test_accuracy"] > 0
+    assert "starting a server" in done.stderr
