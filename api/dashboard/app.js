@@ -125,6 +125,18 @@ function bar(job, big = false) {
 
 const page = () => document.getElementById("page");
 
+// The thing at path, or null once the page says it does not exist.
+async function orNotFound(path, what, back, backText) {
+  try {
+    return await api(path);
+  } catch (error) {
+    if (error.status !== 404) throw error;
+    page().innerHTML = `<h1>${esc(what)} does not exist</h1>
+      <div class="card"><p id="not-found">${esc(error.message)}.</p><p><a href="${back}">${esc(backText)}</a></p></div>`;
+    return null;
+  }
+}
+
 const when = (iso) => (iso ? new Date(iso).toLocaleString() : "–");
 
 // A part the orchestrator stopped says why: the job's deadline, a cancel, or
@@ -361,15 +373,8 @@ function jobPage(id) {
   // every third one, and once more when the job has ended.
   let tick = 0;
   every(JOB_POLL_MS, async () => {
-    let job;
-    try {
-      job = await api(`/jobs/${id}`);
-    } catch (error) {
-      if (error.status !== 404) throw error;
-      page().innerHTML = `<h1>Job ${id} does not exist</h1>
-        <div class="card"><p id="not-found">${esc(error.message)}.</p><p><a href="/ui/jobs">All jobs</a></p></div>`;
-      return false;
-    }
+    const job = await orNotFound(`/jobs/${id}`, `Job ${id}`, "/ui/jobs", "All jobs");
+    if (job === null) return false;
     render(job);
     const ended = TERMINAL.has(job.status);
     const slow = tick++ % SLOW_EVERY === 0 || ended;
@@ -489,15 +494,8 @@ function studyPage(id) {
       <table id="study-rows">${STUDY_HEAD}<tbody></tbody></table></div>`;
   let drawn = "";
   every(LIST_POLL_MS, async () => {
-    let study;
-    try {
-      study = await api(`/studies/${id}`);
-    } catch (error) {
-      if (error.status !== 404) throw error;
-      page().innerHTML = `<h1>Study ${id} does not exist</h1>
-        <div class="card"><p id="not-found">${esc(error.message)}.</p><p><a href="/ui/studies">All studies</a></p></div>`;
-      return false;
-    }
+    const study = await orNotFound(`/studies/${id}`, `Study ${id}`, "/ui/studies", "All studies");
+    if (study === null) return false;
     document.title = `ddpo · study ${study.id} ${study.status}`;
     document.getElementById("study-name").textContent = study.name || "";
     document.getElementById("status").innerHTML = badge(study.status);
