@@ -245,21 +245,25 @@ class AuthMiddleware:
             await _refuse(send, 401, "a valid bearer token is needed (Authorization: Bearer ...)")
         elif caller.role not in allowed:
             await _refuse(send, 403, f"the {caller.role.value} role may not do this")
-        elif caller.node_id is None:
-            scope.setdefault("state", {})[CALLER] = caller
-            await self.app(scope, receive, send)
         else:
             # Routes bound to a node check the node they act for against it.
             scope.setdefault("state", {})[CALLER] = caller
-            node_id = caller.node_id
-            self.saw(node_id)
+            await self.app(
+                scope,
+                receive,
+                send if caller.node_id is None else self._noting(caller.node_id, send),
+            )
 
-            async def send_noting(message: Message) -> None:
-                if message["type"] == "http.response.start":
-                    self.saw(node_id)
-                await send(message)
+    def _noting(self, node_id: int, send: Send) -> Send:
+        """``send``, noting the node alive now and when its answer starts."""
+        self.saw(node_id)
 
-            await self.app(scope, receive, send_noting)
+        async def send_noting(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.saw(node_id)
+            await send(message)
+
+        return send_noting
 
 
 # The request-state key the authenticated caller is kept under.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
@@ -15,14 +16,12 @@ class Parser(argparse.ArgumentParser):
     """argparse, with a suggestion for a mistyped flag or subcommand."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        words = [w for w in message.replace(",", " ").replace("'", " ").split() if w]
-        known = self._known_words()
-        for word in words:
-            if word.startswith("-") or "invalid choice" in message:
-                close = difflib.get_close_matches(word, known, n=1)
-                if close and close[0] != word:
-                    message += f" (did you mean {close[0]}?)"
-                    break
+        slip = re.search(r"unrecognized arguments: (\S+)|invalid choice: '([^']+)'", message)
+        if slip:
+            word = slip.group(1) or slip.group(2)
+            close = difflib.get_close_matches(word, self._known_words(), n=1)
+            if close and close[0] != word:
+                message += f" (did you mean {close[0]}?)"
         super().error(message)
 
     def _known_words(self) -> list[str]:

@@ -17,6 +17,10 @@ def _default_name() -> str:
     return name[:64]
 
 
+# The default run directory, filled in with the node's name.
+WORK_DIR_OF_ITS_NAME = Path("runs/<name>")
+
+
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="DDPO_WORKER_", extra="ignore", populate_by_name=True
@@ -53,7 +57,7 @@ class WorkerSettings(BaseSettings):
         description="Where datasets live (MNIST under <data_dir>/MNIST/raw)",
     )
     work_dir: Path = Field(
-        Path("./runs/<name>"),
+        WORK_DIR_OF_ITS_NAME,
         description="Per-part run directories, logs and the node's credential; by default "
         "one per node name, so several workers started in one directory keep apart",
     )
@@ -97,8 +101,8 @@ class WorkerSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _work_dir_of_its_name(self) -> WorkerSettings:
-        if self.work_dir == Path("./runs/<name>"):
-            self.work_dir = Path("./runs") / self.name
+        if self.work_dir == WORK_DIR_OF_ITS_NAME:
+            self.work_dir = Path("runs") / self.name
         return self
 
     @property
