@@ -24,10 +24,12 @@ ENVIRONMENT = (
 
 
 class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
-    """Each flag's default in its help, unless there is none to show."""
+    """Each flag's default in its help, unless there is none to show or the
+    help already says it in its own words."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False) or "%(default)" in (action.help or ""):
+        said = action.help or ""
+        if action.default in (None, False) or "%(default)" in said or "(default " in said:
             return action.help
         return super()._get_help_string(action)
 

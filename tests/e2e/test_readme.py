@@ -1,5 +1,6 @@
-"""README's "A cluster to play with, then curl", run as written: the kept
-local cluster in one shell, every curl line in another. Only the data
+"""README's "A cluster to play with, then curl", "The command line" and
+"Scaling studies", run as written: the kept local cluster in one shell,
+every curl and CLI line in another. Only the data
 directory is replaced (README's ../shared/data is relative to a clone)."""
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ pytestmark = pytest.mark.e2e
 
 CURL = "### A cluster to play with, then curl"
 CLI = "### The command line"
+STUDIES = "### Scaling studies"
 
 
 def shell_blocks(heading: str) -> list[str]:
     readme = (REPO / "README.md").read_text()
-    section = readme[readme.index(heading) :]
-    section = section[: section.index("\n### ", len(heading))]
+    section = readme[readme.index(heading) + len(heading) :]
+    section = re.split(r"\n##+ ", section, maxsplit=1)[0]
     return re.findall(r"```sh\n(.*?)```", section, re.S)
 
 
@@ -129,3 +131,34 @@ def test_readmes_cli_lines_work_as_written(
     assert re.search(r"^1 x 2 .* succeeded$", shown, re.M), shown  # the study's table
     assert "Test set: average loss" in shown  # logs
     assert "job 1 succeeded" in shown  # the one-shot local cluster's own job
+
+
+def test_readmes_scaling_study_lines_work_as_written(
+    mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (block,) = shell_blocks(STUDIES)
+    with kept_cluster(mnist_dir, tmp_path, monkeypatch) as (env, found):
+        prelude = f"source local-cluster/tokens.env\nsource {sys.prefix}/bin/activate"
+        block = block.replace("../shared/data", str(mnist_dir))
+        shown = run_block(prelude, block, tmp_path, env, timeout_s=600)
+        headers = {"Authorization": f"Bearer {found.token}"}
+        studies = [
+            httpx.get(f"{found.server}/studies/{i}", headers=headers, timeout=10).json()
+            for i in (1, 2, 3)
+        ]
+    posted, default, machines = studies
+    assert posted["status"] in ("cancelled", "cancelling"), posted  # curl's cancel
+    assert [(r["num_processes"], r["batch_size"]) for r in default["rows"]] == [
+        (1, 128),
+        (2, 64),
+        (4, 32),
+        (8, 16),
+    ]
+    assert default["status"] == "succeeded", default
+    assert default["spec"]["max_steps_per_epoch"] is None  # whole epochs, as the recipe's table
+    assert machines["status"] == "succeeded", machines
+    assert [r["num_machines"] for r in machines["rows"]] == [1, 1, 2, 2]
+    assert re.search(r"^2 x 2 .* succeeded$", shown, re.M), shown  # the table of rows on machines
+    assert len(re.findall(r"^1 x 8 .* succeeded$", shown, re.M)) == 2, (
+        shown
+    )  # ddpo study, local-cluster
