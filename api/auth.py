@@ -20,10 +20,8 @@ so a route added without a rule is unreachable, never open.
 from __future__ import annotations
 
 import enum
-import hashlib
 import re
 import secrets
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,6 +29,7 @@ from fastapi import HTTPException
 from pydantic import SecretStr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.credentials import NodeCredentials, digest
 from api.raw_answers import send_problem
 
 
@@ -94,53 +93,6 @@ RULES: dict[tuple[str, str], frozenset[Role]] = {
     ("POST", "/parts/{part_id}/finish"): NODE,
     ("PUT", "/parts/{part_id}/checkpoint"): NODE,
 }
-
-
-def digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def new_node_credential() -> tuple[str, str]:
-    """A fresh node credential and the digest the server keeps of it."""
-    credential = f"ddpo-node-{secrets.token_urlsafe(32)}"
-    return credential, digest(credential)
-
-
-class NodeCredentials:
-    """Every node's credential digest, in memory: the middleware looks
-    callers up here without waiting for the database (which holds the same
-    digests and fills this at startup).
-
-    Looked up by digest, as a dict key: the credentials are 256 random bits,
-    so what a lookup's timing could tell about a digest helps no one find a
-    credential.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._node_by_digest: dict[str, int] = {}
-
-    def load(self, pairs: list[tuple[int, str]]) -> None:
-        with self._lock:
-            self._node_by_digest = {hexdigest: node_id for node_id, hexdigest in pairs}
-
-    def bind(self, node_id: int, hexdigest: str) -> None:
-        """The node's credential is now this one (any older one stops working)."""
-        with self._lock:
-            self._forget(node_id)
-            self._node_by_digest[hexdigest] = node_id
-
-    def revoke(self, node_id: int) -> None:
-        with self._lock:
-            self._forget(node_id)
-
-    def _forget(self, node_id: int) -> None:
-        for hexdigest in [d for d, n in self._node_by_digest.items() if n == node_id]:
-            del self._node_by_digest[hexdigest]
-
-    def node_of(self, hexdigest: str) -> int | None:
-        with self._lock:
-            return self._node_by_digest.get(hexdigest)
 
 
 class TokenBook:

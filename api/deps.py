@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 
 from api.auth import caller_node
-from api.coordinator import Coordinator
+from api.core.context import Core
 from api.notifier import Notifier
 from api.read_cache import ReadCache
 from api.schemas import DB_INT_MAX
@@ -15,9 +15,9 @@ from api.settings import ServerSettings
 from db.engine import Database
 
 
-def get_coordinator(request: Request) -> Coordinator:
-    coordinator: Coordinator = request.app.state.coordinator
-    return coordinator
+def get_core(request: Request) -> Core:
+    core: Core = request.app.state.core
+    return core
 
 
 def get_db(request: Request) -> Database:
@@ -45,7 +45,7 @@ def get_caller_node(request: Request) -> int | None:
     return caller_node(request.scope.get("state", {}))
 
 
-CoordinatorDep = Annotated[Coordinator, Depends(get_coordinator)]
+CoreDep = Annotated[Core, Depends(get_core)]
 DatabaseDep = Annotated[Database, Depends(get_db)]
 NotifierDep = Annotated[Notifier, Depends(get_notifier)]
 SettingsDep = Annotated[ServerSettings, Depends(get_settings)]

@@ -12,7 +12,18 @@ from collections.abc import Iterable
 from enum import Enum
 
 
-class JobStatus(str, Enum):
+class Named(str, Enum):
+    """An enum whose members print as their values, in f-strings too (as
+    Python 3.11's StrEnum does; this runs on 3.10)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class JobStatus(Named):
     """Where a job stands.
 
     ``queued -> running -> succeeded | failed``; ``running -> cancelling ->
@@ -33,7 +44,7 @@ class JobStatus(str, Enum):
         return self in _TERMINAL_JOB
 
 
-class PartStatus(str, Enum):
+class PartStatus(Named):
     """Where one machine id of one attempt stands, on the node it was given to.
 
     ``assigned -> running -> succeeded | failed``; any live state can go to
@@ -57,7 +68,7 @@ class PartStatus(str, Enum):
         return not self.is_terminal()
 
 
-class NodeState(str, Enum):
+class NodeState(Named):
     LIVE = "live"
     LOST = "lost"
     REVOKED = "revoked"  # by an admin: its credential is refused, its name retired
@@ -140,32 +151,6 @@ def settle_job(current: JobStatus, parts: Iterable[PartStatus]) -> JobStatus:
     if current is JobStatus.CANCELLING and all(s.is_terminal() for s in statuses):
         return JobStatus.CANCELLED
     return current
-
-
-# Failures of the machinery rather than of the training: running the same
-# code again, elsewhere or a moment later, may well succeed.
-RETRYABLE_REASONS = frozenset(
-    {
-        "node_lost",  # the node stopped heartbeating
-        "node_revoked",  # an admin revoked the node's credential
-        "worker_restarted",  # its daemon came back without its processes
-        "worker_shutdown",  # its daemon was stopped while the part ran
-        "launcher_died",  # the process holding the ranks was killed
-        "launch_failed",  # could not start processes (resources, a port)
-        "rendezvous_failed",  # peers could not meet (a port taken, a slow peer)
-        "peer_failure",  # a collective broke because another process went away
-        "part_stopped",  # a part ended without being asked to and without a reason
-    }
-)
-
-
-def is_retryable(reason: str, exit_code: int | None) -> bool:
-    """Whether a failure may go away on a new attempt. A rank killed by a
-    signal (the OOM killer, an operator's ``kill -9``) is; a rank whose code
-    raised or exited non-zero is not: it would do it again."""
-    if reason == "rank_exited":
-        return exit_code is not None and exit_code < 0
-    return reason in RETRYABLE_REASONS
 
 
 def backoff_seconds(restarts_done: int, base_s: float, cap_s: float) -> float:

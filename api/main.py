@@ -16,8 +16,10 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp
 
-from api.auth import AuthMiddleware, NodeCredentials, TokenBook
-from api.coordinator import Coordinator
+from api.auth import AuthMiddleware, TokenBook
+from api.core.clock import tick
+from api.core.context import Core
+from api.core.errors import DomainError
 from api.lifecycle import IllegalTransition
 from api.limits import BodyLimitMiddleware
 from api.monitoring import LatencyMiddleware, make_registry
@@ -27,6 +29,7 @@ from api.routes import dashboard, health, jobs, nodes, parts, prometheus, studie
 from api.settings import ServerSettings
 from db import queries
 from db.engine import Database
+from db.models import Attempt, Part
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +38,16 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     settings = settings or ServerSettings()
     db = Database(settings.database_url)
     notifier = Notifier()
-    credentials = NodeCredentials()
-    coordinator = Coordinator(db, settings, credentials)
+    core = Core(db, settings)
+    db.after_commit(lambda tables: _wake_polls(notifier, tables))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db.create_all()
         with db.read() as session:
-            credentials.load(queries.node_credentials(session=session))
+            core.credentials.load(queries.node_credentials(session=session))
         notifier.bind(asyncio.get_running_loop())
-        sweeper = asyncio.create_task(_sweep_forever(coordinator, notifier, settings))
+        sweeper = asyncio.create_task(_sweep_forever(core))
         log.info("serving with database %s", _redacted(settings.database_url))
         try:
             yield
@@ -63,9 +66,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.db = db
     app.state.notifier = notifier
-    app.state.coordinator = coordinator
+    app.state.core = core
     app.state.read_cache = ReadCache(db)
-    app.state.tokens = TokenBook(settings.role_tokens, credentials)
+    app.state.tokens = TokenBook(settings.role_tokens, core.credentials)
     app.state.registry, app.state.latency = make_registry(db)
     app.add_middleware(LatencyMiddleware, latency=app.state.latency)
     for router in (
@@ -80,6 +83,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         app.include_router(router)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(IllegalTransition, _illegal_transition)
+    app.add_exception_handler(DomainError, _refused)
     return app
 
 
@@ -94,7 +98,9 @@ class _Orchestrator(FastAPI):
             super().build_middleware_stack(), self.state.read_cache, self.state.latency
         )
         capped = BodyLimitMiddleware(cached, settings.max_body_kb * 1024, _uploads)
-        guarded: ASGIApp = AuthMiddleware(capped, self.state.tokens, saw=self.state.coordinator.saw)
+        guarded: ASGIApp = AuthMiddleware(
+            capped, self.state.tokens, saw=self.state.core.sightings.saw
+        )
         if settings.cors_origins:
             # Outermost: a browser's preflight carries no token.
             guarded = CORSMiddleware(
@@ -115,9 +121,15 @@ def _uploads(method: str, path: str) -> bool:
 STALL_S = 0.5
 
 
-async def _sweep_forever(
-    coordinator: Coordinator, notifier: Notifier, settings: ServerSettings
-) -> None:
+def _wake_polls(notifier: Notifier, tables: frozenset[type]) -> None:
+    """Wake the long-polls once a write that they may report has committed:
+    a part made, moved or stopped, or an attempt's rendezvous port known."""
+    if Part in tables or Attempt in tables:
+        notifier.notify()
+
+
+async def _sweep_forever(core: Core) -> None:
+    settings = core.settings
     loop = asyncio.get_running_loop()
     while True:
         asked = loop.time()
@@ -129,8 +141,7 @@ async def _sweep_forever(
         if not judge_nodes:
             log.warning("the server ran %.1f s late; not judging node liveness this time", late_s)
         try:
-            if await run_in_threadpool(coordinator.tick, judge_nodes):
-                notifier.notify()
+            await run_in_threadpool(tick, core, judge_nodes)
         except Exception:  # keep sweeping: a transient database error must not end it
             log.exception("sweep for lost nodes, deadlines and retries failed")
 
@@ -162,6 +173,12 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _illegal_transition(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=409, content={"detail": str(exc)})
+
+
+async def _refused(request: Request, exc: Exception) -> JSONResponse:
+    """The domain's refusals (api/core/errors.py), answered with their status."""
+    assert isinstance(exc, DomainError)
+    return JSONResponse(status_code=exc.status, content={"detail": str(exc)})
 
 
 def _redacted(url: str) -> str:

@@ -28,16 +28,16 @@ class DatabaseCollector(Collector):
             claims = queries.part_count(session=session)
         by_status = GaugeMetricFamily("ddpo_jobs", "Jobs in each state", labels=["state"])
         for status in JobStatus:
-            by_status.add_metric([status.value], jobs.get(status.value, 0))
+            by_status.add_metric([status.value], jobs.get(status, 0))
         yield by_status
         yield GaugeMetricFamily(
             "ddpo_queue_length",
             "Jobs waiting to start",
-            value=jobs.get(JobStatus.QUEUED.value, 0),
+            value=jobs.get(JobStatus.QUEUED, 0),
         )
         by_state = GaugeMetricFamily("ddpo_nodes", "Worker nodes in each state", labels=["state"])
         for state in NodeState:
-            by_state.add_metric([state.value], nodes.get(state.value, 0))
+            by_state.add_metric([state.value], nodes.get(state, 0))
         yield by_state
         yield CounterMetricFamily(
             "ddpo_claims",

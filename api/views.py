@@ -6,14 +6,13 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime
 
-from fastapi import HTTPException
 from sqlmodel import Session
 
+from api.core.errors import NotFound
 from api.lifecycle import JobStatus, study_status
 from api.schemas import (
     AttemptPublic,
     CheckpointPublic,
-    JobError,
     JobPublic,
     JobSpec,
     JobsPublic,
@@ -29,7 +28,6 @@ from api.schemas import (
     StudyPublic,
     StudyRowPublic,
     TimingPublic,
-    TrainResult,
 )
 from db import queries
 from db.engine import Database
@@ -69,37 +67,64 @@ def job_public(
 ) -> JobPublic:
     """``attempts``: all of the job's, oldest first; ``parts``: the current one's."""
     assert job.id is not None
-    spec = JobSpec.model_validate(job.spec)
-    status = JobStatus(job.status)
     attempt = next((a for a in attempts if a.id == job.current_attempt_id), None)
-    result = TrainResult.model_validate(job.result) if job.result else None
-
-    progress = None
-    if job.progress_at is not None and job.progress_batches_per_epoch:
-        percent = percent_done(
-            epoch=job.progress_epoch or 1,
-            batch=job.progress_batch or 0,
-            batches_per_epoch=job.progress_batches_per_epoch,
-            epochs=spec.epochs,
+    return JobPublic(
+        id=job.id,
+        name=job.name,
+        status=job.status,
+        pending_reason=job.pending_reason if job.status is JobStatus.QUEUED else None,
+        spec=job.spec,
+        world_size=job.spec.topology.world_size,
+        attempt=attempt.number if attempt else 0,
+        attempts=[_attempt_public(a) for a in attempts],
+        master_addr=attempt.master_addr if attempt else None,
+        master_port=attempt.master_port if attempt else None,
+        parts=[_part_public(part, node) for part, node in parts],
+        progress=_progress_public(job, now),
+        timing=_timing_public(job, now),
+        result=job.result,
+        error=job.error,
+        checkpoint=CheckpointPublic(
+            epoch=job.checkpoint_epoch,
+            size_bytes=job.checkpoint_bytes or 0,
+            url=f"/jobs/{job.id}/model",
         )
-        progress = ProgressPublic(
-            epoch=job.progress_epoch or 1,
-            epochs=spec.epochs,
-            batch=job.progress_batch or 0,
-            batches_per_epoch=job.progress_batches_per_epoch,
-            percent=percent,
-            eta_seconds=eta_seconds(
-                percent=percent, started_at=job.started_at, reported_at=job.progress_at, now=now
-            )
-            if status is JobStatus.RUNNING
-            else None,
-            loss=job.progress_loss,
-            samples_per_sec=job.progress_samples_per_sec,
-            updated_at=job.progress_at,
-        )
+        if job.checkpoint_epoch is not None
+        else None,
+    )
 
+
+def _progress_public(job: Job, now: datetime) -> ProgressPublic | None:
+    if job.progress_at is None or not job.progress_batches_per_epoch:
+        return None
+    epochs = job.spec.epochs
+    percent = percent_done(
+        epoch=job.progress_epoch or 1,
+        batch=job.progress_batch or 0,
+        batches_per_epoch=job.progress_batches_per_epoch,
+        epochs=epochs,
+    )
+    return ProgressPublic(
+        epoch=job.progress_epoch or 1,
+        epochs=epochs,
+        batch=job.progress_batch or 0,
+        batches_per_epoch=job.progress_batches_per_epoch,
+        percent=percent,
+        eta_seconds=eta_seconds(
+            percent=percent, started_at=job.started_at, reported_at=job.progress_at, now=now
+        )
+        if job.status is JobStatus.RUNNING
+        else None,
+        loss=job.progress_loss,
+        samples_per_sec=job.progress_samples_per_sec,
+        updated_at=job.progress_at,
+    )
+
+
+def _timing_public(job: Job, now: datetime) -> TimingPublic:
     end = job.finished_at or now
-    timing = TimingPublic(
+    result = job.result
+    return TimingPublic(
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
@@ -111,53 +136,30 @@ def job_public(
         threads_per_process=result.threads_per_process if result else None,
     )
 
-    return JobPublic(
-        id=job.id,
-        name=job.name,
-        status=status,
-        pending_reason=job.pending_reason if status is JobStatus.QUEUED else None,
-        spec=spec,
-        world_size=spec.topology.world_size,
-        attempt=attempt.number if attempt else 0,
-        attempts=[
-            AttemptPublic(
-                number=a.number,
-                started_at=a.created_at,
-                finished_at=a.finished_at,
-                resumed_from_epoch=a.resumed_from_epoch,
-                error=JobError.model_validate(a.error) if a.error else None,
-            )
-            for a in attempts
-        ],
-        master_addr=attempt.master_addr if attempt else None,
-        master_port=attempt.master_port if attempt else None,
-        parts=[
-            PartPublic(
-                machine_id=part.machine_id,
-                node_id=node.id or 0,
-                node_name=node.name,
-                node_address=node.address,
-                status=part.status,
-                exit_code=part.exit_code,
-                failing_rank=part.failing_rank,
-                error=part.error,
-                assigned_at=part.assigned_at,
-                started_at=part.started_at,
-                finished_at=part.finished_at,
-            )
-            for part, node in parts
-        ],
-        progress=progress,
-        timing=timing,
-        result=result,
-        error=JobError.model_validate(job.error) if job.error else None,
-        checkpoint=CheckpointPublic(
-            epoch=job.checkpoint_epoch,
-            size_bytes=job.checkpoint_bytes or 0,
-            url=f"/jobs/{job.id}/model",
-        )
-        if job.checkpoint_epoch is not None
-        else None,
+
+def _attempt_public(attempt: Attempt) -> AttemptPublic:
+    return AttemptPublic(
+        number=attempt.number,
+        started_at=attempt.created_at,
+        finished_at=attempt.finished_at,
+        resumed_from_epoch=attempt.resumed_from_epoch,
+        error=attempt.error,
+    )
+
+
+def _part_public(part: Part, node: Node) -> PartPublic:
+    return PartPublic(
+        machine_id=part.machine_id,
+        node_id=node.id or 0,
+        node_name=node.name,
+        node_address=node.address,
+        status=part.status,
+        exit_code=part.exit_code,
+        failing_rank=part.failing_rank,
+        error=part.error,
+        assigned_at=part.assigned_at,
+        started_at=part.started_at,
+        finished_at=part.finished_at,
     )
 
 
@@ -187,7 +189,7 @@ def read_job(*, db: Database, job_id: int) -> JobPublic:
     with db.read() as session:
         job = queries.get_job(session=session, job_id=job_id)
         if job is None:
-            raise HTTPException(404, f"job {job_id} not found")
+            raise NotFound(f"job {job_id} not found")
         return _public_jobs(session, [job])[0]
 
 
@@ -195,7 +197,7 @@ def read_jobs(*, db: Database, status: JobStatus | None, limit: int, offset: int
     with db.read() as session:
         jobs, count = queries.list_jobs(
             session=session,
-            status=status.value if status else None,
+            status=status,
             limit=limit,
             offset=offset,
         )
@@ -206,7 +208,7 @@ def read_metrics(*, db: Database, job_id: int, max_points: int) -> MetricsPublic
     with db.read() as session:
         job = queries.get_job(session=session, job_id=job_id)
         if job is None:
-            raise HTTPException(404, f"job {job_id} not found")
+            raise NotFound(f"job {job_id} not found")
         rows = [
             r
             for r in queries.progress_of_job(session=session, job_id=job_id)
@@ -246,7 +248,7 @@ def read_logs(
     with db.read() as session:
         job = queries.get_job(session=session, job_id=job_id)
         if job is None:
-            raise HTTPException(404, f"job {job_id} not found")
+            raise NotFound(f"job {job_id} not found")
         rows = queries.logs_of_job(
             session=session,
             job_id=job_id,
@@ -268,7 +270,7 @@ def read_logs(
             for r in rows
         ],
         next_since=(rows[-1].id or since) if rows else since,
-        job_status=JobStatus(job.status),
+        job_status=job.status,
     )
 
 
@@ -306,8 +308,7 @@ def study_rows(jobs: list[Job], now: datetime) -> list[StudyRowPublic]:
     rows = []
     baseline: tuple[float, int] | None = None  # first row's training seconds, world size
     for job in jobs:
-        spec = JobSpec.model_validate(job.spec)
-        result = TrainResult.model_validate(job.result) if job.result else None
+        spec, result = job.spec, job.result
         world_size = spec.topology.world_size
         training = result.train_seconds if result else None
         if job.study_index == 0 and training:
@@ -316,7 +317,7 @@ def study_rows(jobs: list[Job], now: datetime) -> list[StudyRowPublic]:
         rows.append(
             StudyRowPublic(
                 job_id=job.id or 0,
-                status=JobStatus(job.status),
+                status=job.status,
                 num_machines=spec.topology.num_machines,
                 num_processes=spec.topology.num_processes,
                 world_size=world_size,
@@ -354,9 +355,9 @@ def _public_studies(session: Session, studies: list[Study]) -> list[StudyPublic]
             StudyPublic(
                 id=study.id or 0,
                 name=study.name,
-                status=study_status(JobStatus(j.status) for j in mine),
+                status=study_status(j.status for j in mine),
                 created_at=study.created_at,
-                spec=JobSpec.model_validate(mine[0].spec) if mine else JobSpec(),
+                spec=mine[0].spec if mine else JobSpec(),
                 rows=study_rows(mine, now),
             )
         )
@@ -367,7 +368,7 @@ def read_study(*, db: Database, study_id: int) -> StudyPublic:
     with db.read() as session:
         study = queries.get_study(session=session, study_id=study_id)
         if study is None:
-            raise HTTPException(404, f"study {study_id} not found")
+            raise NotFound(f"study {study_id} not found")
         return _public_studies(session, [study])[0]
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,12 +34,18 @@ class Database:
         # (see api/read_cache.py).
         self._writes: dict[type, int] = {}
         self._writes_lock = threading.Lock()
+        self._after_commit: list[Callable[[frozenset[type]], None]] = []
         self.is_sqlite = make_url(url).get_backend_name() == "sqlite"
         self.engine = _make_engine(url, self.is_sqlite)
         self._write_engine = self.engine.execution_options(ddpo_begin="IMMEDIATE")
 
     def create_all(self) -> None:
         SQLModel.metadata.create_all(self.engine)
+
+    def after_commit(self, callback: Callable[[frozenset[type]], None]) -> None:
+        """Call ``callback`` with the tables a write transaction changed,
+        once it has committed (from the thread that committed it)."""
+        self._after_commit.append(callback)
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -53,9 +59,8 @@ class Database:
             touched: set[type] = set()
 
             def note(changed: Session, *_: object) -> None:
-                touched.update(
-                    type(row) for row in (*changed.new, *changed.dirty, *changed.deleted)
-                )
+                touched.update(type(row) for row in (*changed.new, *changed.deleted))
+                touched.update(type(row) for row in changed.dirty if changed.is_modified(row))
 
             event.listen(session, "before_flush", note)
             with session.begin():
@@ -63,6 +68,9 @@ class Database:
         with self._writes_lock:
             for table in touched:
                 self._writes[table] = self._writes.get(table, 0) + 1
+        if touched:
+            for callback in self._after_commit:
+                callback(frozenset(touched))
 
     def writes_to(self, tables: tuple[type, ...]) -> tuple[int, ...]:
         """How many committed transactions have changed each of these tables."""

@@ -1,4 +1,6 @@
-"""The tables. Status columns hold the values of the enums in api.lifecycle."""
+"""The tables. Values are typed here once: status columns are the enums of
+api.lifecycle, JSON columns the models of api.schemas (db/ imports only
+those pure value modules of api/, never its logic: a test checks)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,10 @@ from typing import Any
 from sqlalchemy import JSON, Column, DateTime, UniqueConstraint
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
+
+from api.lifecycle import JobStatus, NodeState, PartStatus
+from api.schemas import JobError, JobSpec, TrainResult
+from db.types import EnumText, ModelJSON
 
 
 def utcnow() -> datetime:
@@ -39,7 +45,9 @@ class Node(SQLModel, table=True):
     gpus: int = 0
     cpus: int = 1
     trainers: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
-    state: str = Field(default="live", index=True)
+    state: NodeState = Field(
+        default=NodeState.LIVE, sa_column=Column(EnumText(NodeState), index=True, nullable=False)
+    )
     # SHA-256 (hex) of the node's own credential; None once revoked.
     credential_digest: str | None = Field(default=None, unique=True)
     registered_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
@@ -60,10 +68,13 @@ class Job(SQLModel, table=True):
     # Jobs of a study run in study_index order, each after the one before ends.
     study_id: int | None = Field(default=None, foreign_key="study.id", index=True)
     study_index: int | None = None
-    spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    spec: JobSpec = Field(sa_column=Column(ModelJSON(JobSpec), nullable=False))
     # Set by the client: the same key submitted again returns this job.
     idempotency_key: str | None = Field(default=None, unique=True)
-    status: str = Field(default="queued", index=True)
+    status: JobStatus = Field(
+        default=JobStatus.QUEUED,
+        sa_column=Column(EnumText(JobStatus), index=True, nullable=False),
+    )
     priority: int = 0
     pending_reason: str | None = None
     current_attempt_id: int | None = None
@@ -83,8 +94,8 @@ class Job(SQLModel, table=True):
     progress_loss: float | None = None
     progress_samples_per_sec: float | None = None
     progress_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
-    result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
-    error: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    result: TrainResult | None = Field(default=None, sa_column=Column(ModelJSON(TrainResult)))
+    error: JobError | None = Field(default=None, sa_column=Column(ModelJSON(JobError)))
     # The newest checkpoint rank 0 uploaded: a file under the artifacts directory.
     checkpoint_epoch: int | None = None
     checkpoint_file: str | None = None
@@ -104,8 +115,8 @@ class Attempt(SQLModel, table=True):
     resumed_from_epoch: int | None = None
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
-    # Why it failed (a JobError), kept when the job goes on to a new attempt.
-    error: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    # Why it failed, kept when the job goes on to a new attempt.
+    error: JobError | None = Field(default=None, sa_column=Column(ModelJSON(JobError)))
 
 
 class Part(SQLModel, table=True):
@@ -121,7 +132,10 @@ class Part(SQLModel, table=True):
     attempt_id: int = Field(foreign_key="attempt.id", index=True)
     machine_id: int
     node_id: int = Field(foreign_key="node.id", index=True)
-    status: str = Field(default="assigned", index=True)
+    status: PartStatus = Field(
+        default=PartStatus.ASSIGNED,
+        sa_column=Column(EnumText(PartStatus), index=True, nullable=False),
+    )
     assigned_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
+from api.lifecycle import JobStatus, NodeState, PartStatus
+from api.schemas import JobSpec
 from db.models import Attempt, Job, LogRow, Node, Part, ProgressRow, Study
 
-# Statuses whose processes may still exist; kept as plain strings so db/ does
-# not depend on api/ (api.lifecycle.PartStatus.is_active agrees, a test checks).
-ACTIVE_PART_STATUSES = ("assigned", "running", "stopping")
+# Statuses whose processes may still exist: they hold a slot on their node.
+ACTIVE_PART_STATUSES = tuple(s for s in PartStatus if s.is_active())
 
 
 # --- jobs ---------------------------------------------------------------------
@@ -23,7 +23,7 @@ ACTIVE_PART_STATUSES = ("assigned", "running", "stopping")
 def insert_job(
     *,
     session: Session,
-    spec: dict[str, Any],
+    spec: JobSpec,
     name: str | None,
     study_id: int | None = None,
     study_index: int | None = None,
@@ -48,7 +48,7 @@ def get_job_by_idempotency_key(*, session: Session, key: str) -> Job | None:
 def jobs_past_deadline(*, session: Session, now: datetime) -> list[Job]:
     """Queued (waiting to retry) or running jobs whose time is up."""
     statement = select(Job).where(
-        col(Job.deadline_at) < now, col(Job.status).in_(("queued", "running"))
+        col(Job.deadline_at) < now, col(Job.status).in_((JobStatus.QUEUED, JobStatus.RUNNING))
     )
     return list(session.exec(statement).all())
 
@@ -68,7 +68,7 @@ def get_job(*, session: Session, job_id: int, for_update: bool = False) -> Job |
 
 
 def list_jobs(
-    *, session: Session, status: str | None, limit: int, offset: int
+    *, session: Session, status: JobStatus | None, limit: int, offset: int
 ) -> tuple[list[Job], int]:
     filtered = select(Job)
     counted = select(func.count()).select_from(Job)
@@ -87,7 +87,7 @@ def queued_jobs(*, session: Session) -> list[Job]:
     """Queued jobs in the order they should be considered."""
     statement = (
         select(Job)
-        .where(Job.status == "queued")
+        .where(Job.status == JobStatus.QUEUED)
         .order_by(col(Job.priority).desc(), col(Job.created_at), col(Job.id))
         .with_for_update(skip_locked=True)
     )
@@ -244,13 +244,13 @@ def list_nodes(*, session: Session) -> list[Node]:
 
 
 def live_nodes(*, session: Session) -> list[Node]:
-    statement = select(Node).where(Node.state == "live").order_by(col(Node.id))
+    statement = select(Node).where(Node.state == NodeState.LIVE).order_by(col(Node.id))
     return list(session.exec(statement).all())
 
 
 def stale_live_nodes(*, session: Session, heartbeat_before: datetime) -> list[Node]:
     statement = select(Node).where(
-        Node.state == "live", col(Node.last_heartbeat_at) < heartbeat_before
+        Node.state == NodeState.LIVE, col(Node.last_heartbeat_at) < heartbeat_before
     )
     return list(session.exec(statement).all())
 
@@ -326,14 +326,14 @@ def logs_of_job(
 # --- counts for monitoring ------------------------------------------------------
 
 
-def job_counts_by_status(*, session: Session) -> dict[str, int]:
+def job_counts_by_status(*, session: Session) -> dict[JobStatus, int]:
     statement = select(Job.status, func.count()).group_by(col(Job.status))
-    return {status: count for status, count in session.exec(statement).all()}
+    return {JobStatus(status): count for status, count in session.exec(statement).all()}
 
 
-def node_counts_by_state(*, session: Session) -> dict[str, int]:
+def node_counts_by_state(*, session: Session) -> dict[NodeState, int]:
     statement = select(Node.state, func.count()).group_by(col(Node.state))
-    return {state: count for state, count in session.exec(statement).all()}
+    return {NodeState(state): count for state, count in session.exec(statement).all()}
 
 
 def part_count(*, session: Session) -> int:

@@ -15,6 +15,7 @@ import subprocess
 import time
 from types import FrameType
 
+from api.failures import FailureReason
 from api.schemas import Assignment, NodeRegistered, NodeRegistration, PartFinished
 from worker import cores, credentials, network, runfiles, trainers
 from worker.client import (
@@ -256,7 +257,7 @@ class Worker:
         report = PartFinished(
             node_id=self.node_id,
             status="failed",
-            reason="worker_shutdown",
+            reason=FailureReason.WORKER_SHUTDOWN,
             message=f"worker {self.settings.name} shut down while the part ran",
         )
         try:
@@ -374,7 +375,7 @@ class Worker:
             PartFinished(
                 node_id=self.node_id,
                 status="failed",
-                reason="launch_failed",
+                reason=FailureReason.LAUNCH_FAILED,
                 message=f"worker {self.settings.name} could not {could_not}",
             ),
         )

@@ -20,6 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from api.failures import FailureReason
 from worker import runfiles, trainers
 from worker._process import die_with_parent, keep_freed_memory
 from worker.local_allreduce import LocalGroup
@@ -35,23 +36,25 @@ PEER_FAILURE_SIGNS = (
 )
 
 
-def _classify(traceback_text: str) -> str:
+def _classify(traceback_text: str) -> FailureReason:
     if "RendezvousTimeout" in traceback_text:
-        return "rendezvous_failed"
+        return FailureReason.RENDEZVOUS_FAILED
     if any(sign in traceback_text for sign in PEER_FAILURE_SIGNS):
-        return "peer_failure"
-    return "rank_failed"
+        return FailureReason.PEER_FAILURE
+    return FailureReason.RANK_FAILED
 
 
 def _tail(text: str) -> str:
     return text[-TRACEBACK_TAIL_CHARS:].strip()
 
 
-def _could_not(step: str, machine_id: int, exc: Exception) -> runfiles.Outcome:
+def _could_not(
+    step: str, reason: FailureReason, machine_id: int, exc: Exception
+) -> runfiles.Outcome:
     """A failure of the launcher itself, before any rank ran (call in ``except``)."""
     return runfiles.Outcome(
         status="failed",
-        reason=f"{step}_failed",
+        reason=reason,
         message=f"machine {machine_id} could not {step}: {exc}",
         exit_code=1,
         traceback_tail=_tail(traceback.format_exc()),
@@ -129,7 +132,7 @@ def launch(config: runfiles.LaunchConfig) -> runfiles.Outcome:
             with _no_thread_pool():
                 trainer.prepare(config.data_dir, assignment.spec)
     except Exception as exc:
-        return _could_not("prepare", assignment.machine_id, exc)
+        return _could_not("prepare", FailureReason.PREPARE_FAILED, assignment.machine_id, exc)
 
     local_group = same_host_group(config)
     try:
@@ -163,7 +166,7 @@ def _run_ranks(config: runfiles.LaunchConfig, local_group: LocalGroup | None) ->
             process.terminate()
         with contextlib.suppress(Exception):
             ranks.join()
-        return _could_not("rendezvous", assignment.machine_id, exc)
+        return _could_not("rendezvous", FailureReason.RENDEZVOUS_FAILED, assignment.machine_id, exc)
 
     first_rank = assignment.machine_id * processes
     try:
@@ -172,9 +175,10 @@ def _run_ranks(config: runfiles.LaunchConfig, local_group: LocalGroup | None) ->
     except mp.ProcessRaisedException as exc:
         rank = first_rank + exc.error_index
         reason = _classify(exc.msg)
-        what = {"peer_failure": "lost a peer", "rendezvous_failed": "could not rendezvous"}.get(
-            reason, "raised an exception"
-        )
+        what = {
+            FailureReason.PEER_FAILURE: "lost a peer",
+            FailureReason.RENDEZVOUS_FAILED: "could not rendezvous",
+        }.get(reason, "raised an exception")
         return runfiles.Outcome(
             status="failed",
             reason=reason,
@@ -192,7 +196,7 @@ def _run_ranks(config: runfiles.LaunchConfig, local_group: LocalGroup | None) ->
         )
         return runfiles.Outcome(
             status="failed",
-            reason="rank_exited",
+            reason=FailureReason.RANK_EXITED,
             message=f"rank {rank} (machine {assignment.machine_id}) {how}",
             failing_rank=rank,
             exit_code=exc.exit_code,

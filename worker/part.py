@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from api.failures import FailureReason
 from api.schemas import Assignment, LogLine, PartFinished, ProgressReport
 from worker import runfiles
 from worker._process import group_alive, signal_group
@@ -191,7 +192,7 @@ class PartProcess:
                 node_id=node_id,
                 status="failed",
                 exit_code=exit_code,
-                reason="launcher_died",
+                reason=FailureReason.LAUNCHER_DIED,
                 message=f"the launcher of machine {self.assignment.machine_id} {how}",
                 traceback_tail=_log_tail(self.run_dir),
             )

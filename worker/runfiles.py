@@ -26,6 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from api.failures import FailureReason
 from api.schemas import MAX_LOG_LINE_CHARS, Assignment, LogLine, ProgressReport, TrainResult
 from worker import cores
 
@@ -79,7 +80,7 @@ class LaunchConfig(BaseModel):
 
 class Outcome(BaseModel):
     status: Literal["succeeded", "failed"]
-    reason: str | None = None
+    reason: FailureReason | None = None
     message: str | None = None
     failing_rank: int | None = None
     exit_code: int | None = None

@@ -12,12 +12,14 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from api import views
+from api.core import artifacts
+from api.core import jobs as jobs_core
+from api.core import nodes as nodes_core
 from api.deps import (
     CallerNodeDep,
-    CoordinatorDep,
+    CoreDep,
     DatabaseDep,
     JobId,
-    NotifierDep,
     ReadCacheDep,
     SettingsDep,
 )
@@ -48,9 +50,8 @@ FOLLOW_POLL_S = 0.5
 )
 def submit_job(
     spec: JobSpec,
-    coordinator: CoordinatorDep,
+    core: CoreDep,
     db: DatabaseDep,
-    notifier: NotifierDep,
     response: Response,
     idempotency_key: Annotated[
         str | None,
@@ -62,10 +63,8 @@ def submit_job(
         ),
     ] = None,
 ) -> JobPublic:
-    job_id, created = coordinator.submit_job(spec, idempotency_key)
-    if created:
-        notifier.notify()
-    else:
+    job_id, created = jobs_core.submit_job(core, spec, idempotency_key)
+    if not created:
         response.status_code = 200
     return views.read_job(db=db, job_id=job_id)
 
@@ -112,13 +111,10 @@ LOGS_TABLES = (Job, LogRow)
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
-def cancel_job(
-    job_id: JobId, coordinator: CoordinatorDep, db: DatabaseDep, notifier: NotifierDep
-) -> JobPublic:
+def cancel_job(job_id: JobId, core: CoreDep, db: DatabaseDep) -> JobPublic:
     """Queued jobs end ``cancelled`` at once; running ones go ``cancelling``
     until every node has stopped its ranks."""
-    coordinator.cancel_job(job_id)
-    notifier.notify()
+    jobs_core.cancel_job(core, job_id)
     return views.read_job(db=db, job_id=job_id)
 
 
@@ -212,16 +208,14 @@ async def get_logs(
     response_class=FileResponse,
     responses={200: {"content": {"application/octet-stream": {}}}, **documented(403)},
 )
-def download_model(
-    job_id: JobId, coordinator: CoordinatorDep, caller_node: CallerNodeDep
-) -> FileResponse:
+def download_model(job_id: JobId, core: CoreDep, caller_node: CallerNodeDep) -> FileResponse:
     """The newest checkpoint: ``torch.load(f)["model"]`` is the state_dict
     (after the last epoch of a succeeded job: the final model); it also holds
     the optimizer, epoch, step, spec and RNG state to resume from."""
-    if caller_node is not None and not coordinator.node_holds_job(caller_node, job_id):
+    if caller_node is not None and not nodes_core.node_holds_job(core, caller_node, job_id):
         # A worker fetches only what its own parts resume from.
         raise HTTPException(403, f"job_id: node {caller_node} runs no part of job {job_id}")
-    path, epoch = coordinator.checkpoint_path(job_id)
+    path, epoch = artifacts.checkpoint_path(core, job_id)
     return FileResponse(
         path, media_type="application/octet-stream", filename=f"job-{job_id}-epoch-{epoch}.pt"
     )

@@ -9,9 +9,10 @@ from starlette.concurrency import run_in_threadpool
 
 from api import views
 from api.auth import acting_for
+from api.core import nodes as nodes_core
 from api.deps import (
     CallerNodeDep,
-    CoordinatorDep,
+    CoreDep,
     DatabaseDep,
     NodeId,
     NotifierDep,
@@ -40,17 +41,15 @@ def list_nodes(db: DatabaseDep) -> list[NodePublic]:
 def register_node(
     registration: NodeRegistration,
     request: Request,
-    coordinator: CoordinatorDep,
+    core: CoreDep,
     settings: SettingsDep,
-    notifier: NotifierDep,
     caller_node: CallerNodeDep,
 ) -> NodeRegistered:
     """A machine joins with the join token and gets its node's credential;
     a restarted worker registers again presenting that credential."""
-    node_id, credential = coordinator.register_node(
-        registration, caller_node, enforce=request.app.state.tokens.enabled
+    node_id, credential = nodes_core.register_node(
+        core, registration, caller_node, enforce=request.app.state.tokens.enabled
     )
-    notifier.notify()
     return NodeRegistered(
         node_id=node_id,
         credential=credential,
@@ -61,13 +60,10 @@ def register_node(
 
 
 @router.post("/{node_id}/revoke", response_model=NodePublic)
-def revoke_node(
-    node_id: NodeId, coordinator: CoordinatorDep, db: DatabaseDep, notifier: NotifierDep
-) -> NodePublic:
+def revoke_node(node_id: NodeId, core: CoreDep, db: DatabaseDep) -> NodePublic:
     """Refuse the node's credential from now on and retire its name; its
     parts' jobs restart elsewhere if they have restarts left."""
-    coordinator.revoke_node(node_id)
-    notifier.notify()
+    nodes_core.revoke_node(core, node_id)
     node = next((n for n in views.read_nodes(db=db) if n.id == node_id), None)
     if node is None:
         raise HTTPException(404, f"node {node_id} not found")
@@ -78,21 +74,21 @@ def revoke_node(
 def heartbeat(
     node_id: NodeId,
     request: HeartbeatRequest,
-    coordinator: CoordinatorDep,
+    core: CoreDep,
     caller_node: CallerNodeDep,
 ) -> HeartbeatResponse:
     """The node is alive (sent every ``heartbeat_interval_s`` by the worker's
     own thread, whatever its main loop is doing); answered at once with the
     parts it runs that it must stop."""
     acting_for(caller_node, node_id)
-    return HeartbeatResponse(stop=coordinator.heartbeat(node_id, request.active_part_ids))
+    return HeartbeatResponse(stop=nodes_core.heartbeat(core, node_id, request.active_part_ids))
 
 
 @router.post("/{node_id}/poll", response_model=PollResponse)
 async def poll(
     node_id: NodeId,
     request: PollRequest,
-    coordinator: CoordinatorDep,
+    core: CoreDep,
     settings: SettingsDep,
     notifier: NotifierDep,
     caller_node: CallerNodeDep,
@@ -105,7 +101,7 @@ async def poll(
     while True:
         event = notifier.current()
         response = await run_in_threadpool(
-            coordinator.poll_node, node_id, request.active_part_ids, request.waiting_for_port
+            nodes_core.poll_node, core, node_id, request.active_part_ids, request.waiting_for_port
         )
         remaining = deadline - time.monotonic()
         if response.start or response.stop or response.rendezvous or remaining <= 0:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import acting_for
-from api.deps import CallerNodeDep, CoordinatorDep, NotifierDep, PartId, SettingsDep
+from api.core import artifacts, reports
+from api.deps import CallerNodeDep, CoreDep, PartId, SettingsDep
 from api.schemas import (
     DB_INT_MAX,
     Ack,
@@ -29,57 +29,51 @@ router = APIRouter(
 
 @router.post("/{part_id}/started", response_model=Ack)
 def part_started(
-    part_id: PartId, body: PartStarted, coordinator: CoordinatorDep, caller_node: CallerNodeDep
+    part_id: PartId, body: PartStarted, core: CoreDep, caller_node: CallerNodeDep
 ) -> Ack:
     """``accepted: false`` tells the worker the part should not run (it was
     cancelled meanwhile); the next poll lists it under ``stop``."""
     acting_for(caller_node, body.node_id)
-    return Ack(accepted=coordinator.part_started(part_id, body.node_id))
+    return Ack(accepted=reports.part_started(core, part_id, body.node_id))
 
 
 @router.post("/{part_id}/rendezvous", response_model=Ack)
 def part_rendezvous(
     part_id: PartId,
     body: RendezvousBound,
-    coordinator: CoordinatorDep,
-    notifier: NotifierDep,
+    core: CoreDep,
     caller_node: CallerNodeDep,
 ) -> Ack:
     """Machine 0 reports the port its launcher's rendezvous store listens on."""
     acting_for(caller_node, body.node_id)
-    accepted = coordinator.record_rendezvous(part_id, body)
-    notifier.notify()
+    accepted = reports.record_rendezvous(core, part_id, body)
     return Ack(accepted=accepted)
 
 
 @router.post("/{part_id}/progress", response_model=Ack)
 def part_progress(
-    part_id: PartId, body: ProgressBatch, coordinator: CoordinatorDep, caller_node: CallerNodeDep
+    part_id: PartId, body: ProgressBatch, core: CoreDep, caller_node: CallerNodeDep
 ) -> Ack:
     acting_for(caller_node, body.node_id)
-    return Ack(accepted=coordinator.record_progress(part_id, body))
+    return Ack(accepted=reports.record_progress(core, part_id, body))
 
 
 @router.post("/{part_id}/logs", response_model=Ack)
-def part_logs(
-    part_id: PartId, body: LogBatch, coordinator: CoordinatorDep, caller_node: CallerNodeDep
-) -> Ack:
+def part_logs(part_id: PartId, body: LogBatch, core: CoreDep, caller_node: CallerNodeDep) -> Ack:
     """Lines the part's ranks and launcher printed; resent lines are ignored."""
     acting_for(caller_node, body.node_id)
-    return Ack(accepted=coordinator.record_logs(part_id, body))
+    return Ack(accepted=reports.record_logs(core, part_id, body))
 
 
 @router.post("/{part_id}/finish", response_model=Ack)
 def part_finished(
     part_id: PartId,
     body: PartFinished,
-    coordinator: CoordinatorDep,
-    notifier: NotifierDep,
+    core: CoreDep,
     caller_node: CallerNodeDep,
 ) -> Ack:
     acting_for(caller_node, body.node_id)
-    accepted = coordinator.finish_part(part_id, body)
-    notifier.notify()
+    accepted = reports.finish_part(core, part_id, body)
     return Ack(accepted=accepted)
 
 
@@ -98,7 +92,7 @@ def part_finished(
 async def upload_checkpoint(
     part_id: PartId,
     request: Request,
-    coordinator: CoordinatorDep,
+    core: CoreDep,
     settings: SettingsDep,
     caller_node: CallerNodeDep,
     node_id: Annotated[int, Query(ge=1, le=DB_INT_MAX)],
@@ -107,17 +101,15 @@ async def upload_checkpoint(
     """Rank 0's checkpoint after ``epoch``, as the raw bytes torch.save wrote.
     The newest one is served at ``GET /jobs/{id}/model``."""
     acting_for(caller_node, node_id)
-    await run_in_threadpool(coordinator.check_checkpoint_upload, part_id, node_id)
+    await run_in_threadpool(artifacts.check_upload, core, part_id, node_id)
     limit = settings.max_checkpoint_mb * 2**20
-    incoming = settings.artifacts_dir / ".incoming"
-    incoming.mkdir(parents=True, exist_ok=True)
-    staged = incoming / uuid.uuid4().hex
+    staged = artifacts.staging_path(settings)
     size = 0
     try:
         with open(staged, "wb") as f:
             async for chunk in request.stream():
                 # Bytes arriving are a live node, over however slow a link.
-                coordinator.saw(node_id)
+                core.sightings.saw(node_id)
                 size += len(chunk)
                 if size > limit:
                     raise HTTPException(
@@ -131,7 +123,7 @@ async def upload_checkpoint(
         if size == 0:
             raise HTTPException(400, "body: the checkpoint is empty")
         accepted = await run_in_threadpool(
-            coordinator.record_checkpoint, part_id, node_id, epoch, staged, size
+            artifacts.keep_checkpoint, core, part_id, node_id, epoch, staged, size
         )
     finally:
         staged.unlink(missing_ok=True)

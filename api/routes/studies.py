@@ -8,7 +8,8 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 
 from api import views
-from api.deps import CoordinatorDep, DatabaseDep, NotifierDep, SettingsDep
+from api.core import jobs as jobs_core
+from api.deps import CoreDep, DatabaseDep, SettingsDep
 from api.schemas import DB_INT_MAX, StudiesPublic, StudyCreate, StudyPublic, documented
 
 router = APIRouter(prefix="/studies", tags=["studies"], responses=documented(400, 404, 409))
@@ -17,13 +18,10 @@ StudyId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]
 
 
 @router.post("", status_code=201, response_model=StudyPublic)
-def submit_study(
-    create: StudyCreate, coordinator: CoordinatorDep, db: DatabaseDep, notifier: NotifierDep
-) -> StudyPublic:
+def submit_study(create: StudyCreate, core: CoreDep, db: DatabaseDep) -> StudyPublic:
     """Queues one job per row (default: 1, 2, 4, 8 processes with batch 128,
     64, 32, 16); each starts when the one before has ended."""
-    study_id = coordinator.submit_study(create)
-    notifier.notify()
+    study_id = jobs_core.submit_study(core, create)
     return views.read_study(db=db, study_id=study_id)
 
 
@@ -45,9 +43,6 @@ def get_study(study_id: StudyId, db: DatabaseDep) -> StudyPublic:
 
 
 @router.post("/{study_id}/cancel", response_model=StudyPublic)
-def cancel_study(
-    study_id: StudyId, coordinator: CoordinatorDep, db: DatabaseDep, notifier: NotifierDep
-) -> StudyPublic:
-    coordinator.cancel_study(study_id)
-    notifier.notify()
+def cancel_study(study_id: StudyId, core: CoreDep, db: DatabaseDep) -> StudyPublic:
+    jobs_core.cancel_study(core, study_id)
     return views.read_study(db=db, study_id=study_id)

@@ -12,7 +12,6 @@ from api.lifecycle import (
     PartStatus,
     backoff_seconds,
     can_cancel,
-    is_retryable,
     move_job,
     move_part,
     settle_job,
@@ -108,27 +107,6 @@ def test_a_cancelling_job_waits_for_every_part_to_stop() -> None:
 @pytest.mark.parametrize("status", [s for s in J if s.is_terminal()] + [J.QUEUED])
 def test_settling_leaves_other_states_alone(status: JobStatus) -> None:
     assert settle_job(status, [P.FAILED, P.SUCCEEDED]) is status
-
-
-@pytest.mark.parametrize(
-    "reason,exit_code,retryable",
-    [
-        ("node_lost", None, True),
-        ("worker_restarted", None, True),
-        ("launcher_died", -9, True),
-        ("rendezvous_failed", 1, True),
-        ("launch_failed", None, True),
-        ("peer_failure", 1, True),
-        ("rank_exited", -9, True),  # killed by SIGKILL: the OOM killer, an operator
-        ("rank_exited", -15, True),
-        ("rank_exited", 3, False),  # the code chose to exit non-zero
-        ("rank_failed", 1, False),  # the training code raised
-        ("deadline", None, False),
-        ("something_new", None, False),  # unknown reasons are not retried
-    ],
-)
-def test_which_failures_are_retried(reason: str, exit_code: int | None, retryable: bool) -> None:
-    assert is_retryable(reason, exit_code) is retryable
 
 
 def test_backoff_doubles_up_to_its_cap() -> None:

@@ -25,12 +25,12 @@ def job(index: int, processes: int, train_seconds: float | None) -> Job:
     result = TrainResult(train_seconds=train_seconds) if train_seconds else None
     return Job(
         id=index + 1,
-        spec=spec.model_dump(mode="json"),
-        status="succeeded" if train_seconds else "queued",
+        spec=spec,
+        status=J.SUCCEEDED if train_seconds else J.QUEUED,
         study_index=index,
         started_at=NOW if train_seconds else None,
         finished_at=NOW + timedelta(seconds=(train_seconds or 0) + 2) if train_seconds else None,
-        result=result.model_dump(mode="json") if result else None,
+        result=result,
     )
 
 

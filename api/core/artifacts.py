@@ -1,0 +1,74 @@
+"""Checkpoint files: an upload is staged, then kept as the job's newest (the
+one before it removed), and served from the artifacts directory."""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from pathlib import Path
+
+from api.core import lookup
+from api.core.context import Core
+from api.core.errors import Conflict, NotFound
+from api.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+
+def staging_path(settings: ServerSettings) -> Path:
+    """Where an upload's bytes go while they arrive (a fresh name each time)."""
+    incoming = settings.artifacts_dir / ".incoming"
+    incoming.mkdir(parents=True, exist_ok=True)
+    return incoming / uuid.uuid4().hex
+
+
+def _folder(settings: ServerSettings, job_id: int) -> Path:
+    return settings.artifacts_dir / f"job-{job_id}"
+
+
+def check_upload(core: Core, part_id: int, node_id: int) -> None:
+    """Refuse an upload before its bytes are read: wrong node, not machine 0."""
+    with core.db.read() as session:
+        part = lookup.owned_part(session, part_id, node_id)
+        if part.machine_id != 0:
+            raise Conflict(f"part {part_id} is machine {part.machine_id}; rank 0 is on machine 0")
+
+
+def keep_checkpoint(
+    core: Core, part_id: int, node_id: int, epoch: int, staged: Path, size: int
+) -> bool:
+    """Keep an uploaded checkpoint (a staged file) as the job's newest."""
+    with core.db.write() as session:
+        part = lookup.owned_part(session, part_id, node_id)
+        job = lookup.job(session, part.job_id, for_update=True)
+        if job.current_attempt_id != part.attempt_id or (
+            job.checkpoint_epoch is not None and epoch < job.checkpoint_epoch
+        ):
+            staged.unlink(missing_ok=True)
+            return False
+        assert job.id is not None
+        folder = _folder(core.settings, job.id)
+        folder.mkdir(parents=True, exist_ok=True)
+        final = folder / f"epoch-{epoch}.pt"
+        os.replace(staged, final)
+        if job.checkpoint_file and job.checkpoint_file != final.name:
+            (folder / job.checkpoint_file).unlink(missing_ok=True)
+        job.checkpoint_epoch, job.checkpoint_file, job.checkpoint_bytes = epoch, final.name, size
+        log.info("job %d: checkpoint of epoch %d kept (%d bytes)", job.id, epoch, size)
+        return True
+
+
+def checkpoint_path(core: Core, job_id: int) -> tuple[Path, int]:
+    """The job's newest checkpoint file and its epoch."""
+    with core.db.read() as session:
+        job = lookup.job(session, job_id)
+        if job.checkpoint_file is None or job.checkpoint_epoch is None:
+            raise NotFound(
+                f"job {job_id} has no checkpoint: it ended ({job.status.value}) before its "
+                "first epoch did"
+                if job.status.is_terminal()
+                else f"job {job_id} has no checkpoint yet: rank 0 writes one at the end "
+                "of every epoch"
+            )
+        return _folder(core.settings, job_id) / job.checkpoint_file, job.checkpoint_epoch

@@ -1,0 +1,70 @@
+"""The server's clock: nodes silent for too long are lost, jobs past their
+deadline fail, and retries whose backoff has passed start."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from api.core.context import Core
+from api.core.placement import schedule
+from api.core.settlement import fail_at_deadline, lose_parts
+from api.failures import FailureReason
+from api.lifecycle import NodeState
+from db import queries
+from db.models import utcnow
+
+log = logging.getLogger(__name__)
+
+
+def tick(core: Core, judge_nodes: bool = True) -> bool:
+    """One turn of the clock: lost nodes (unless told the server itself was
+    too stalled to judge), deadlines, retries whose backoff has passed.
+    True if anything changed."""
+    lost = sweep_lost_nodes(core) if judge_nodes else False
+    now = utcnow()
+    with core.db.write() as session:
+        late = queries.jobs_past_deadline(session=session, now=now)
+        for job in late:
+            fail_at_deadline(session, job, now)
+        placed = schedule(session)
+    return lost or bool(late) or placed
+
+
+def sweep_lost_nodes(core: Core) -> bool:
+    """Mark nodes that stopped heartbeating as lost, and their parts with them."""
+    timeout_s = core.settings.heartbeat_timeout_s
+    if core.sightings.listening_for() < timeout_s:
+        # Just (re)started: nodes have not had a chance to reach us yet.
+        return False
+    now = utcnow()
+    cutoff = now - timedelta(seconds=timeout_s)
+    with core.db.write() as session:
+        stale = [
+            n
+            for n in queries.stale_live_nodes(session=session, heartbeat_before=cutoff)
+            if n.id is not None and not core.sightings.seen_within(n.id, timeout_s)
+        ]
+        if not stale:
+            return False
+        nodes = {n.id: n for n in stale if n.id is not None}
+        for node in stale:
+            node.state = NodeState.LOST
+            log.warning(
+                "node %d (%s) lost: no heartbeat since %s",
+                node.id,
+                node.name,
+                node.last_heartbeat_at.isoformat(),
+            )
+        parts = queries.active_parts_on_nodes(session=session, node_ids=nodes)
+        lose_parts(
+            session,
+            parts,
+            nodes,
+            FailureReason.NODE_LOST,
+            "stopped heartbeating",
+            now,
+            core.settings,
+        )
+        schedule(session)
+        return True

@@ -1,0 +1,27 @@
+"""The domain's refusals. Raised below the HTTP layer (by commands that a
+background tick may call as well as a route); api/main.py answers each
+with its status and the message as ``detail``."""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    """A request the server refuses, with a message that names what to fix."""
+
+    status = 400
+
+
+class NotFound(DomainError):
+    status = 404
+
+
+class Forbidden(DomainError):
+    """Allowed to the caller's role, but not on this thing (another node's part)."""
+
+    status = 403
+
+
+class Conflict(DomainError):
+    """Not possible in the thing's current state."""
+
+    status = 409

@@ -1,0 +1,86 @@
+"""Jobs and studies come in and are cancelled."""
+
+from __future__ import annotations
+
+import logging
+
+from api.core import lookup
+from api.core.context import Core
+from api.core.errors import Conflict, NotFound
+from api.core.placement import schedule
+from api.core.settlement import cancel
+from api.lifecycle import can_cancel, study_status
+from api.schemas import JobSpec, StudyCreate, Topology
+from db import queries
+from db.models import utcnow
+
+log = logging.getLogger(__name__)
+
+
+def submit_job(core: Core, spec: JobSpec, idempotency_key: str | None = None) -> tuple[int, bool]:
+    """The job's id, and whether it is new: a key seen before returns its
+    job (the same spec) rather than a second one."""
+    with core.db.write() as session:
+        if idempotency_key is not None:
+            existing = queries.get_job_by_idempotency_key(session=session, key=idempotency_key)
+            if existing is not None:
+                assert existing.id is not None
+                if existing.spec != spec:
+                    raise Conflict(
+                        f"Idempotency-Key {idempotency_key!r} was used for job "
+                        f"{existing.id} with a different spec"
+                    )
+                return existing.id, False
+        job = queries.insert_job(
+            session=session, spec=spec, name=spec.name, idempotency_key=idempotency_key
+        )
+        schedule(session)
+        assert job.id is not None
+        log.info("job %d submitted: %s", job.id, spec.model_dump_json())
+        return job.id, True
+
+
+def cancel_job(core: Core, job_id: int) -> None:
+    with core.db.write() as session:
+        job = lookup.job(session, job_id, for_update=True)
+        if not can_cancel(job.status):
+            raise Conflict(f"job {job_id} is already {job.status.value}")
+        cancel(session, job, utcnow(), core.settings)
+
+
+def submit_study(core: Core, create: StudyCreate) -> int:
+    """The study and all its jobs, queued at once; they run in row order."""
+    with core.db.write() as session:
+        study = queries.insert_study(session=session, name=create.name)
+        assert study.id is not None
+        for index, row in enumerate(create.rows):
+            spec = create.spec.model_copy(
+                update={
+                    "topology": Topology(
+                        num_machines=row.num_machines, num_processes=row.num_processes
+                    ),
+                    "batch_size": row.batch_size,
+                    "name": f"{create.name or f'study {study.id}'}: "
+                    f"{row.num_machines} x {row.num_processes}, batch {row.batch_size}",
+                }
+            )
+            queries.insert_job(
+                session=session, spec=spec, name=spec.name, study_id=study.id, study_index=index
+            )
+        schedule(session)
+        log.info("study %d submitted with %d row(s)", study.id, len(create.rows))
+        return study.id
+
+
+def cancel_study(core: Core, study_id: int) -> None:
+    with core.db.write() as session:
+        if queries.get_study(session=session, study_id=study_id) is None:
+            raise NotFound(f"study {study_id} not found")
+        now = utcnow()
+        jobs = queries.jobs_of_studies(session=session, study_ids=[study_id])
+        if not any(can_cancel(job.status) for job in jobs):
+            status = study_status(job.status for job in jobs)
+            raise Conflict(f"study {study_id} is already {status.value}")
+        for job in jobs:
+            if can_cancel(job.status):
+                cancel(session, job, now, core.settings)

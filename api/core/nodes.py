@@ -1,0 +1,229 @@
+"""Node membership and the poll protocol: a node registers (or comes back
+under its name), polls for what to start and stop, heartbeats, and may be
+revoked by an admin."""
+
+from __future__ import annotations
+
+import logging
+
+from sqlmodel import Session
+
+from api.core.context import Core
+from api.core.errors import Conflict, Forbidden, NotFound
+from api.core.placement import schedule
+from api.core.settlement import lose_parts
+from api.credentials import new_node_credential
+from api.failures import FailureReason
+from api.lifecycle import NodeState, PartStatus
+from api.schemas import Assignment, NodeRegistration, PollResponse, Rendezvous
+from db import queries
+from db.models import Attempt, Node, Part, utcnow
+
+log = logging.getLogger(__name__)
+
+
+def register_node(
+    core: Core, registration: NodeRegistration, caller_node: int | None, enforce: bool
+) -> tuple[int, str | None]:
+    """Create the node, or take it back under the same name after a
+    restart. Returns its id and, unless the caller presented the node's
+    own credential, a new credential for it (shown this once).
+
+    With tokens enforced, a known name is taken back only with that
+    node's credential: the join token makes new nodes, it cannot take
+    over a running one. A revoked node's name stays retired either way.
+
+    A restarted worker has no processes left, so whatever parts the
+    server still thought it ran are lost.
+    """
+    now = utcnow()
+    credential = None
+    with core.db.write() as session:
+        node = queries.get_node_by_name(session=session, name=registration.name)
+        _check_may_register(node, registration.name, caller_node, enforce)
+        if node is None:
+            node = Node(name=registration.name, address=registration.address)
+            session.add(node)
+        if caller_node is None:  # not the node's own (checked above): a new one
+            credential, node.credential_digest = new_node_credential()
+        node.address = registration.address
+        node.slots = registration.slots
+        node.gpus = registration.gpus
+        node.cpus = registration.cpus
+        node.trainers = list(registration.trainers)
+        node.state = NodeState.LIVE
+        node.last_heartbeat_at = now
+        session.flush()
+        assert node.id is not None
+        node_id, new_digest = node.id, node.credential_digest
+        orphaned = queries.active_parts_on_nodes(session=session, node_ids=[node.id])
+        lose_parts(
+            session,
+            orphaned,
+            {node.id: node},
+            FailureReason.WORKER_RESTARTED,
+            "restarted",
+            now,
+            core.settings,
+        )
+        schedule(session)
+        log.info(
+            "node %d (%s) registered at %s with %d slot(s), %d GPU(s)",
+            node.id,
+            node.name,
+            node.address,
+            node.slots,
+            node.gpus,
+        )
+    if credential is not None and new_digest is not None:
+        core.credentials.bind(node_id, new_digest)  # once committed
+    return node_id, credential
+
+
+def _check_may_register(
+    node: Node | None, name: str, caller_node: int | None, enforce: bool
+) -> None:
+    if node is not None and node.state is NodeState.REVOKED:
+        raise Forbidden(
+            f"name: node {name!r} (id {node.id}) was revoked by an admin; "
+            "a machine may join again only under a new name"
+        )
+    if not enforce:
+        return
+    if caller_node is not None and (node is None or node.id != caller_node):
+        raise Forbidden(
+            f"name: this credential is node {caller_node}'s; it cannot register as {name!r}"
+        )
+    if caller_node is None and node is not None:
+        raise Conflict(
+            f"name: {name!r} is node {node.id}; only the worker holding that node's "
+            "credential (its credential file) registers under it again. If the file is "
+            f"lost, an admin revokes node {node.id} and the machine joins under a new name"
+        )
+
+
+def revoke_node(core: Core, node_id: int) -> None:
+    """Refuse the node's credential from now on, retire its name, and
+    take its parts back (their jobs restart elsewhere if they may)."""
+    now = utcnow()
+    with core.db.write() as session:
+        node = queries.get_node(session=session, node_id=node_id)
+        if node is None:
+            raise NotFound(f"node {node_id} not found")
+        if node.state is not NodeState.REVOKED:
+            node.state = NodeState.REVOKED
+            node.credential_digest = None
+            parts = queries.active_parts_on_nodes(session=session, node_ids=[node_id])
+            lose_parts(
+                session,
+                parts,
+                {node_id: node},
+                FailureReason.NODE_REVOKED,
+                "was revoked",
+                now,
+                core.settings,
+            )
+            schedule(session)
+            log.warning("node %d (%s) revoked", node_id, node.name)
+    core.credentials.revoke(node_id)
+
+
+def node_holds_job(core: Core, node_id: int, job_id: int) -> bool:
+    """Whether the node runs (or is about to run) a part of the job."""
+    with core.db.read() as session:
+        return any(
+            p.job_id == job_id
+            for p in queries.active_parts_on_nodes(session=session, node_ids=[node_id])
+        )
+
+
+def poll_node(
+    core: Core, node_id: int, active_part_ids: list[int], waiting_for_port: list[int]
+) -> PollResponse:
+    """Heartbeat, and tell the node what to start, what to stop, and the
+    rendezvous ports it waits for."""
+    core.sightings.saw(node_id)
+    with core.db.write() as session:
+        node = _heard_from(session, node_id)
+        if node.state is not NodeState.LIVE:
+            log.warning("node %d (%s) is back after being lost", node_id, node.name)
+            node.state = NodeState.LIVE
+            schedule(session)  # it has room again
+        # Otherwise nothing to place: every event that can make a queued
+        # job placeable (a submit, a part ending, a node registering or
+        # lost, a backoff ending) schedules in its own transaction. Polls
+        # are the busiest writes; with hundreds queued, planning on each
+        # one kept nodes waiting on the server for seconds.
+
+        mine = queries.active_parts_on_nodes(session=session, node_ids=[node_id])
+        reported = set(active_part_ids)
+        attempts = queries.get_attempts(session=session, attempt_ids=[p.attempt_id for p in mine])
+        start = [
+            _assignment(session, p, attempts[p.attempt_id])
+            for p in mine
+            if p.status is PartStatus.ASSIGNED and p.id not in reported
+        ]
+        waiting = set(waiting_for_port)
+        rendezvous = [
+            Rendezvous(part_id=p.id, master_port=port)
+            for p in mine
+            if p.id in waiting and (port := attempts[p.attempt_id].master_port) is not None
+        ]
+        return PollResponse(
+            start=start, stop=_to_stop(session, node_id, mine, reported), rendezvous=rendezvous
+        )
+
+
+def heartbeat(core: Core, node_id: int, active_part_ids: list[int]) -> list[int]:
+    """The node is alive; the parts it runs that it must stop. Sent by the
+    daemon's own thread whatever else it is doing (a launch, a transfer
+    over a slow link), so it is light: no placement, no assignments. A
+    node back from a partition learns here, within a heartbeat, which of
+    its parts were given away meanwhile."""
+    core.sightings.saw(node_id)
+    with core.db.write() as session:
+        _heard_from(session, node_id)
+        mine = queries.active_parts_on_nodes(session=session, node_ids=[node_id])
+        return _to_stop(session, node_id, mine, set(active_part_ids))
+
+
+def _heard_from(session: Session, node_id: int) -> Node:
+    """The node a poll or heartbeat came from, its heartbeat noted."""
+    node = queries.get_node(session=session, node_id=node_id)
+    if node is None:
+        raise NotFound(f"node {node_id} not found; register again")
+    if node.state is NodeState.REVOKED:
+        raise Forbidden(f"node {node_id} was revoked by an admin")
+    node.last_heartbeat_at = utcnow()
+    return node
+
+
+def _to_stop(session: Session, node_id: int, mine: list[Part], reported: set[int]) -> list[int]:
+    """What the node runs but should not: parts asked to stop, and parts the
+    server has already settled (or never gave this node)."""
+    stop = {p.id for p in mine if p.status is PartStatus.STOPPING}
+    known = {p.id: p for p in queries.parts_by_ids(session=session, part_ids=reported)}
+    for part_id in reported:
+        part = known.get(part_id)
+        if (
+            part is None
+            or part.node_id != node_id
+            or part.status not in (PartStatus.ASSIGNED, PartStatus.RUNNING)
+        ):
+            stop.add(part_id)
+    return sorted(x for x in stop if x is not None)
+
+
+def _assignment(session: Session, part: Part, attempt: Attempt) -> Assignment:
+    job = queries.get_job(session=session, job_id=part.job_id)
+    assert job is not None and part.id is not None
+    return Assignment(
+        part_id=part.id,
+        job_id=part.job_id,
+        attempt_id=part.attempt_id,
+        machine_id=part.machine_id,
+        spec=job.spec,
+        master_addr=attempt.master_addr,
+        master_port=attempt.master_port,
+        resume_epoch=attempt.resumed_from_epoch,
+    )

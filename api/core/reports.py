@@ -1,0 +1,207 @@
+"""What a node reports about a part it runs: started, the rendezvous port
+bound, progress, log lines, finished. Every report is fenced: it must come
+from the part's node, and only the current attempt's reports change the
+job (api/core/lookup.py)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from sqlmodel import Session
+
+from api.core import lookup
+from api.core.context import Core
+from api.core.errors import Conflict
+from api.core.placement import schedule
+from api.core.settlement import explain_given_up_attempt, may_explain, settle
+from api.failures import FailureReason
+from api.lifecycle import JobStatus, PartStatus, move_part
+from api.schemas import JobError, LogBatch, LogLine, PartFinished, ProgressBatch, RendezvousBound
+from db import queries
+from db.models import LAUNCHER_RANK, Job, LogRow, Part, ProgressRow, utcnow
+
+log = logging.getLogger(__name__)
+
+
+def part_started(core: Core, part_id: int, node_id: int) -> bool:
+    """The node launched the part's processes. False: it should not have."""
+    core.sightings.saw(node_id)
+    with core.db.write() as session:
+        part = lookup.owned_part(session, part_id, node_id)
+        if part.status is not PartStatus.ASSIGNED or not lookup.is_current(session, part):
+            return False
+        part.status = move_part(part.status, PartStatus.RUNNING)
+        part.started_at = utcnow()
+        return True
+
+
+def record_rendezvous(core: Core, part_id: int, report: RendezvousBound) -> bool:
+    """Machine 0's launcher bound the job's rendezvous store on this port;
+    the other machines learn it from their next poll."""
+    core.sightings.saw(report.node_id)
+    with core.db.write() as session:
+        part = lookup.owned_part(session, part_id, report.node_id)
+        if part.machine_id != 0:
+            raise Conflict(
+                f"part {part_id} is machine {part.machine_id}; only machine 0 hosts the rendezvous"
+            )
+        attempt = queries.get_attempt(session=session, attempt_id=part.attempt_id)
+        assert attempt is not None
+        if attempt.master_port is not None and attempt.master_port != report.master_port:
+            raise Conflict(f"attempt {attempt.id} already rendezvous at port {attempt.master_port}")
+        if not lookup.is_current(session, part) or part.status.is_terminal():
+            return False
+        attempt.master_port = report.master_port
+        log.info(
+            "job %d attempt %d: rendezvous at %s:%d",
+            part.job_id,
+            attempt.number,
+            attempt.master_addr,
+            report.master_port,
+        )
+        return True
+
+
+def record_progress(core: Core, part_id: int, batch: ProgressBatch) -> bool:
+    core.sightings.saw(batch.node_id)
+    with core.db.write() as session:
+        part = lookup.owned_part(session, part_id, batch.node_id)
+        if not lookup.is_current(session, part):
+            return False
+        job = lookup.job(session, part.job_id)
+        seen = queries.known_progress_seqs(
+            session=session, attempt_id=part.attempt_id, seqs=[r.seq for r in batch.reports]
+        )
+        fresh = {r.seq: r for r in batch.reports if r.seq not in seen}
+        queries.insert_progress(
+            session=session,
+            rows=(
+                ProgressRow(
+                    job_id=part.job_id,
+                    attempt_id=part.attempt_id,
+                    seq=r.seq,
+                    epoch=r.epoch,
+                    batch=r.batch,
+                    batches_per_epoch=r.batches_per_epoch,
+                    loss=r.loss,
+                    samples_per_sec=r.samples_per_sec,
+                    at=r.at,
+                )
+                for r in fresh.values()
+            ),
+        )
+        if fresh:
+            latest = fresh[max(fresh)]
+            if job.progress_seq is None or latest.seq > job.progress_seq:
+                job.progress_seq = latest.seq
+                job.progress_epoch = latest.epoch
+                job.progress_batch = latest.batch
+                job.progress_batches_per_epoch = latest.batches_per_epoch
+                job.progress_loss = latest.loss
+                job.progress_samples_per_sec = latest.samples_per_sec
+                job.progress_at = latest.at
+        return True
+
+
+def record_logs(core: Core, part_id: int, batch: LogBatch) -> bool:
+    """Store the lines not stored yet. Lines of an attempt that is no
+    longer current are kept too (they explain what happened to it),
+    except from a part that was lost."""
+    core.sightings.saw(batch.node_id)
+    with core.db.write() as session:
+        part = lookup.owned_part(session, part_id, batch.node_id)
+        if part.status is PartStatus.LOST:
+            # Its node was silent and its work given away: what the node
+            # says now comes from ranks that ran on, cut off, and is not
+            # part of any attempt's record.
+            return False
+        seen = queries.known_log_offsets(
+            session=session,
+            attempt_id=part.attempt_id,
+            machine_id=part.machine_id,
+            offsets=[line.offset for line in batch.lines],
+        )
+        fresh: dict[tuple[int, int], LogLine] = {}
+        for line in batch.lines:
+            key = (LAUNCHER_RANK if line.rank is None else line.rank, line.offset)
+            if key not in seen:
+                fresh[key] = line
+        queries.insert_logs(
+            session=session,
+            rows=(
+                LogRow(
+                    job_id=part.job_id,
+                    attempt_id=part.attempt_id,
+                    machine_id=part.machine_id,
+                    rank=rank,
+                    offset=offset,
+                    text=line.text,
+                    at=line.at,
+                )
+                for (rank, offset), line in fresh.items()
+            ),
+        )
+        return True
+
+
+def finish_part(core: Core, part_id: int, report: PartFinished) -> bool:
+    """A node's processes for this part have exited; settle the job."""
+    core.sightings.saw(report.node_id)
+    now = utcnow()
+    with core.db.write() as session:
+        part = lookup.owned_part(session, part_id, report.node_id)
+        if part.status.is_terminal():
+            return False  # already settled: a resend, or the node was lost meanwhile
+        ended = PartStatus(report.status)
+        if part.status is PartStatus.ASSIGNED and ended is not PartStatus.CANCELLED:
+            # Its "started" report was lost on the way; it did run.
+            part.status = move_part(PartStatus.ASSIGNED, PartStatus.RUNNING)
+        part.status = move_part(part.status, ended)
+        part.finished_at = now
+        part.exit_code = report.exit_code
+        part.failing_rank = report.failing_rank
+        part.error = report.traceback_tail or report.message
+        job = lookup.job(session, part.job_id, for_update=True)
+        log.info(
+            "job %d machine %d: %s (exit code %s)",
+            job.id,
+            part.machine_id,
+            report.status,
+            report.exit_code,
+        )
+        if job.current_attempt_id != part.attempt_id:
+            # An older attempt's part: its slot is free now, which a
+            # waiting retry may need.
+            schedule(session)
+            return False
+        if report.result is not None and job.status is JobStatus.RUNNING:
+            job.result = report.result
+        if ended is PartStatus.FAILED:
+            _record_failure(session, job, part, report, now)
+        settle(session, job, now, core.settings)
+        schedule(session)
+        return True
+
+
+def _record_failure(
+    session: Session, job: Job, part: Part, report: PartFinished, now: datetime
+) -> None:
+    """The job's error, from the first part to fail (or the one naming the
+    cause, where the first only named a symptom)."""
+    node = queries.get_node(session=session, node_id=part.node_id)
+    reason = report.reason or FailureReason.RANK_FAILED
+    error = JobError(
+        reason=reason,
+        message=report.message
+        or f"machine {part.machine_id} failed with exit code {report.exit_code}",
+        machine_id=part.machine_id,
+        rank=report.failing_rank,
+        node=node.name if node else None,
+        exit_code=report.exit_code,
+        traceback_tail=report.traceback_tail,
+    )
+    if job.status is JobStatus.QUEUED:
+        explain_given_up_attempt(session, job, part.attempt_id, error, now)
+    elif may_explain(job, reason):
+        job.error = error

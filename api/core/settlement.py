@@ -1,0 +1,182 @@
+"""What a job becomes after something happened to it: cancelled, a part
+lost, a part ended. A failure either queues the job's next attempt (a
+retryable reason with restarts and time left) or fails it; every other
+part of the attempt is then asked to stop. Status changes go through
+api/lifecycle.py."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from sqlmodel import Session
+
+from api.core import lookup
+from api.failures import FailureReason, names_the_cause
+from api.lifecycle import JobStatus, PartStatus, backoff_seconds, move_job, move_part, settle_job
+from api.schemas import JobError
+from api.settings import ServerSettings
+from db import queries
+from db.models import Job, Node, Part
+
+log = logging.getLogger(__name__)
+
+
+def cancel(session: Session, job: Job, now: datetime, settings: ServerSettings) -> None:
+    was = job.status
+    if was is JobStatus.QUEUED:
+        set_job_status(session, job, JobStatus.CANCELLED, now)
+    elif was is JobStatus.RUNNING:
+        set_job_status(session, job, JobStatus.CANCELLING, now)
+        stop_active_parts(session, job)
+        settle(session, job, now, settings)
+    log.info("job %d: cancel requested (was %s)", job.id, was.value)
+
+
+def lose_parts(
+    session: Session,
+    parts: Iterable[Part],
+    nodes: dict[int, Node],
+    reason: FailureReason,
+    what: str,
+    now: datetime,
+    settings: ServerSettings,
+) -> None:
+    """The parts' node is gone (``what`` it did: "stopped heartbeating"):
+    the parts are lost, and their jobs settle."""
+    for part in parts:
+        part.status = move_part(part.status, PartStatus.LOST)
+        part.finished_at = now
+        node = nodes[part.node_id]
+        part.error = f"node {node.name} {what}"
+        job = lookup.job(session, part.job_id, for_update=True)
+        if job.current_attempt_id != part.attempt_id:
+            continue
+        if may_explain(job, reason):
+            job.error = JobError(
+                reason=reason,
+                message=f"node {node.name} (machine {part.machine_id}) {what}",
+                machine_id=part.machine_id,
+                node=node.name,
+            )
+        settle(session, job, now, settings)
+
+
+def may_explain(job: Job, reason: FailureReason) -> bool:
+    """Whether a failure with this reason should become the job's error: the
+    first one, unless that only said a peer went away and this one says why."""
+    if job.status in (JobStatus.CANCELLING, JobStatus.CANCELLED):
+        return False
+    return names_the_cause(reason, job.error.reason if job.error else None)
+
+
+def settle(session: Session, job: Job, now: datetime, settings: ServerSettings) -> None:
+    """The job's status from its current attempt's parts: on a failure,
+    stop the rest and retry or fail."""
+    if job.current_attempt_id is None:
+        return
+    parts = queries.parts_of_attempt(session=session, attempt_id=job.current_attempt_id)
+    new = settle_job(job.status, (p.status for p in parts))
+    if new is job.status:
+        return
+    if new is JobStatus.FAILED:
+        if job.error is None:
+            job.error = JobError(
+                reason=FailureReason.PART_STOPPED, message="a part stopped without being asked to"
+            )
+        stop_active_parts(session, job)
+        if restarts_left(job, now):
+            requeue(session, job, now, settings)
+            return
+    set_job_status(session, job, new, now)
+
+
+def restarts_left(job: Job, now: datetime) -> bool:
+    """Whether this failed attempt may be followed by another."""
+    error = job.error
+    return (
+        error is not None
+        and error.reason.is_retryable(error.exit_code)
+        and job.attempt_count - 1 < job.spec.max_restarts
+        and (job.deadline_at is None or job.deadline_at > now)
+    )
+
+
+def requeue(session: Session, job: Job, now: datetime, settings: ServerSettings) -> None:
+    """Give up the current attempt and queue the job for a new one, after a
+    backoff. The old attempt's parts are being stopped: they hold their
+    nodes' slots until their nodes confirm, so the new attempt cannot start
+    beside a stale one."""
+    assert job.error is not None
+    reason = job.error.reason.value
+    restarts_done = job.attempt_count - 1
+    wait = backoff_seconds(restarts_done, settings.retry_backoff_s, settings.retry_backoff_max_s)
+    set_job_status(session, job, JobStatus.QUEUED, now)  # keeps the error on the attempt
+    job.not_before = now + timedelta(seconds=wait)
+    job.pending_reason = (
+        f"restart {restarts_done + 1} of {job.spec.max_restarts} after {reason}"
+        + (
+            f", from the checkpoint of epoch {job.checkpoint_epoch}"
+            if job.checkpoint_epoch is not None
+            else ", from the start (no checkpoint yet)"
+        )
+    )
+    job.error = None
+    log.warning(
+        "job %d attempt %d failed (%s): %s", job.id, job.attempt_count, reason, job.pending_reason
+    )
+
+
+def explain_given_up_attempt(
+    session: Session, job: Job, attempt_id: int, error: JobError, now: datetime
+) -> None:
+    """A report that arrives after its attempt was given up for a retry. The
+    retry was decided on the first failure heard of; if that only said a
+    peer went away and this one names the cause, the cause is kept, and a
+    cause that a retry cannot fix (the training code raised) ends the job."""
+    attempt = queries.get_attempt(session=session, attempt_id=attempt_id)
+    if attempt is None or attempt.error is None:
+        return
+    if not names_the_cause(error.reason, attempt.error.reason):
+        return
+    attempt.error = error
+    if not error.reason.is_retryable(error.exit_code):
+        job.error = error
+        set_job_status(session, job, JobStatus.FAILED, now)
+
+
+def fail_at_deadline(session: Session, job: Job, now: datetime) -> None:
+    job.error = JobError(
+        reason=FailureReason.DEADLINE,
+        message=f"still {job.status.value} after max_run_seconds={job.spec.max_run_seconds:g}",
+    )
+    stop_active_parts(session, job)
+    set_job_status(session, job, JobStatus.FAILED, now)
+
+
+def set_job_status(session: Session, job: Job, new: JobStatus, now: datetime) -> None:
+    job.status = move_job(job.status, new)
+    if new is JobStatus.RUNNING:
+        job.started_at = job.started_at or now  # the first start: retries do not reset it
+        job.pending_reason = None
+    if new.is_terminal():
+        job.finished_at = now
+        job.pending_reason = None
+        job.not_before = None
+    if (new.is_terminal() or new is JobStatus.QUEUED) and job.current_attempt_id is not None:
+        # The current attempt is over: the job ended, or gave it up to retry.
+        attempt = queries.get_attempt(session=session, attempt_id=job.current_attempt_id)
+        if attempt is not None and attempt.finished_at is None:
+            attempt.finished_at = now
+            failed = new in (JobStatus.FAILED, JobStatus.QUEUED)
+            attempt.error = job.error if failed else None
+    log.info("job %d: %s", job.id, new.value)
+
+
+def stop_active_parts(session: Session, job: Job) -> None:
+    if job.current_attempt_id is None:
+        return
+    for part in queries.parts_of_attempt(session=session, attempt_id=job.current_attempt_id):
+        if part.status in (PartStatus.ASSIGNED, PartStatus.RUNNING):
+            part.status = move_part(part.status, PartStatus.STOPPING)

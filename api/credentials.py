@@ -1,0 +1,55 @@
+"""Node credentials: made at registration, kept by the server only as
+digests, looked up in memory by the auth layer. Pure: no HTTP, no database."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import threading
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_node_credential() -> tuple[str, str]:
+    """A fresh node credential and the digest the server keeps of it."""
+    credential = f"ddpo-node-{secrets.token_urlsafe(32)}"
+    return credential, digest(credential)
+
+
+class NodeCredentials:
+    """Every node's credential digest, in memory: the middleware looks
+    callers up here without waiting for the database (which holds the same
+    digests and fills this at startup).
+
+    Looked up by digest, as a dict key: the credentials are 256 random bits,
+    so what a lookup's timing could tell about a digest helps no one find a
+    credential.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._node_by_digest: dict[str, int] = {}
+
+    def load(self, pairs: list[tuple[int, str]]) -> None:
+        with self._lock:
+            self._node_by_digest = {hexdigest: node_id for node_id, hexdigest in pairs}
+
+    def bind(self, node_id: int, hexdigest: str) -> None:
+        """The node's credential is now this one (any older one stops working)."""
+        with self._lock:
+            self._forget(node_id)
+            self._node_by_digest[hexdigest] = node_id
+
+    def revoke(self, node_id: int) -> None:
+        with self._lock:
+            self._forget(node_id)
+
+    def _forget(self, node_id: int) -> None:
+        for hexdigest in [d for d, n in self._node_by_digest.items() if n == node_id]:
+            del self._node_by_digest[hexdigest]
+
+    def node_of(self, hexdigest: str) -> int | None:
+        with self._lock:
+            return self._node_by_digest.get(hexdigest)

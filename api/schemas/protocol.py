@@ -1,0 +1,160 @@
+"""The worker protocol: what nodes and the server say to each other."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from api.failures import FailureReason
+from api.schemas.spec import JobSpec, TrainResult
+from api.schemas.strict import DB_INT_MAX, MAX_WORLD_SIZE, NAME_PATTERN, Count, ExitCode, Id, Strict
+
+
+class ProgressReport(Strict):
+    """One report from rank 0. ``seq`` makes a resent report harmless."""
+
+    seq: Count
+    epoch: int = Field(ge=1, le=DB_INT_MAX)
+    batch: int = Field(ge=0, le=DB_INT_MAX, description="Batches done in this epoch")
+    batches_per_epoch: int = Field(ge=1, le=DB_INT_MAX)
+    loss: float | None = Field(None, description="Non-finite (diverged) losses read as null")
+    samples_per_sec: float | None = Field(None, ge=0, allow_inf_nan=False)
+    at: datetime
+
+
+class NodeRegistration(Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    address: str = Field(min_length=1, max_length=255, description="Where peers reach this node")
+    slots: int = Field(1, ge=1, le=64, description="Job parts it runs at once")
+    gpus: int = Field(0, ge=0, le=64)
+    cpus: int = Field(1, ge=1, le=4096)
+    trainers: list[str] = Field(default_factory=lambda: ["mnist"], max_length=64)
+
+
+class NodeRegistered(BaseModel):
+    node_id: int
+    credential: str | None = Field(
+        None,
+        description="The node's own bearer token for everything after registering, shown "
+        "only here. None: the caller presented the node's credential; it stays valid",
+    )
+    heartbeat_timeout_s: float
+    poll_wait_s: float
+    heartbeat_interval_s: float = Field(
+        2.0, description="How often the node's heartbeat goes out, whatever else it does"
+    )
+
+
+class PollRequest(Strict):
+    active_part_ids: list[Id] = Field(
+        default_factory=list, max_length=1024, description="Parts with processes on this node"
+    )
+    waiting_for_port: list[Id] = Field(
+        default_factory=list,
+        max_length=1024,
+        description="Parts (machine > 0) whose rendezvous port this node still lacks",
+    )
+    wait_s: float = Field(0, ge=0, le=30, description="Long-poll: wait this long for news")
+
+
+class HeartbeatRequest(Strict):
+    active_part_ids: list[Id] = Field(
+        default_factory=list, max_length=1024, description="Parts with processes on this node"
+    )
+
+
+class HeartbeatResponse(BaseModel):
+    stop: list[int] = Field(
+        description="Part ids in active_part_ids whose processes must be stopped (the "
+        "server settled them, or gave them to another node while this one was silent)"
+    )
+
+
+class Assignment(BaseModel):
+    """One machine id of one attempt, for a node to run."""
+
+    part_id: int
+    job_id: int
+    attempt_id: int
+    machine_id: int
+    spec: JobSpec
+    master_addr: str
+    master_port: int | None = Field(
+        None,
+        description="Known once machine 0's launcher has bound the rendezvous store; "
+        "until then it arrives later, in a poll's `rendezvous`",
+    )
+    resume_epoch: int | None = Field(
+        None,
+        description="A retry: continue after this epoch, from the checkpoint at "
+        "GET /jobs/{job_id}/model",
+    )
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.topology.world_size
+
+
+class Rendezvous(BaseModel):
+    part_id: int
+    master_port: int
+
+
+class PollResponse(BaseModel):
+    start: list[Assignment]
+    stop: list[int] = Field(description="Part ids whose processes must be stopped")
+    rendezvous: list[Rendezvous] = Field(
+        default_factory=list, description="Ports now known for parts in `waiting_for_port`"
+    )
+
+
+class PartStarted(Strict):
+    node_id: Id
+
+
+class RendezvousBound(Strict):
+    """Machine 0's launcher listens for the job's ranks on this port."""
+
+    node_id: Id
+    master_port: int = Field(ge=1, le=65535)
+
+
+class ProgressBatch(Strict):
+    node_id: Id
+    reports: list[ProgressReport] = Field(max_length=10_000)
+
+
+# A longer line is cut (a progress bar redrawn with \r can make one huge line).
+MAX_LOG_LINE_CHARS = 4000
+
+
+class LogLine(Strict):
+    """One line a rank (or the launcher: rank null) printed. ``offset`` is
+    where it starts in its file: a resent line is recognised by it."""
+
+    rank: int | None = Field(None, ge=0, le=DB_INT_MAX)
+    offset: int = Field(ge=0, le=2**62)
+    text: str = Field(max_length=MAX_LOG_LINE_CHARS + 100)
+    at: datetime
+
+
+class LogBatch(Strict):
+    node_id: Id
+    lines: list[LogLine] = Field(max_length=10_000)
+
+
+class PartFinished(Strict):
+    node_id: Id
+    status: Literal["succeeded", "failed", "cancelled"]
+    exit_code: ExitCode | None = None
+    failing_rank: int | None = Field(None, ge=0, le=MAX_WORLD_SIZE)
+    reason: FailureReason | None = None
+    message: str | None = Field(None, max_length=2000)
+    traceback_tail: str | None = Field(None, max_length=20_000)
+    result: TrainResult | None = None
+
+
+class Ack(BaseModel):
+    accepted: bool = True

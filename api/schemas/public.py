@@ -1,0 +1,194 @@
+"""What users read: jobs, studies, nodes, metrics, logs, and the shape of
+every error."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from api.lifecycle import JobStatus, NodeState, PartStatus
+from api.schemas.spec import JobError, JobSpec, TrainResult
+
+
+class PartPublic(BaseModel):
+    machine_id: int
+    node_id: int
+    node_name: str
+    node_address: str
+    status: PartStatus
+    exit_code: int | None = None
+    failing_rank: int | None = None
+    error: str | None = None
+    assigned_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class ProgressPublic(BaseModel):
+    epoch: int
+    epochs: int
+    batch: int
+    batches_per_epoch: int
+    percent: float
+    eta_seconds: float | None = Field(
+        None, description="Training time left at the pace so far (running jobs)"
+    )
+    loss: float | None
+    samples_per_sec: float | None
+    updated_at: datetime
+
+
+class TimingPublic(BaseModel):
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    queued_seconds: float | None = Field(None, description="Created until started (or now)")
+    running_seconds: float | None = Field(None, description="Started until finished (or now)")
+    training_seconds: float | None = Field(None, description="Rank 0's training loop")
+    setup_seconds: float | None = None
+    eval_seconds: float | None = None
+    threads_per_process: int | None = Field(None, description="Intra-op threads each rank used")
+
+
+class CheckpointPublic(BaseModel):
+    epoch: int
+    size_bytes: int
+    url: str = Field(description="GET it: a torch.save'd dict; its 'model' is the state_dict")
+
+
+class AttemptPublic(BaseModel):
+    number: int
+    started_at: datetime
+    finished_at: datetime | None = None
+    resumed_from_epoch: int | None = Field(None, description="The checkpoint it started from")
+    error: JobError | None = Field(None, description="Why it ended, if it failed")
+
+
+class JobPublic(BaseModel):
+    id: int
+    name: str | None
+    status: JobStatus
+    pending_reason: str | None = Field(None, description="Why a queued job is not running")
+    spec: JobSpec
+    world_size: int
+    attempt: int = Field(description="Attempt number, 0 before the first start")
+    attempts: list[AttemptPublic] = Field(
+        default_factory=list, description="Every attempt so far, oldest first"
+    )
+    master_addr: str | None = None
+    master_port: int | None = None
+    parts: list[PartPublic]
+    progress: ProgressPublic | None = None
+    timing: TimingPublic
+    result: TrainResult | None = None
+    error: JobError | None = None
+    checkpoint: CheckpointPublic | None = Field(
+        None, description="The newest checkpoint (after the last epoch: the final model)"
+    )
+
+
+class JobsPublic(BaseModel):
+    data: list[JobPublic]
+    count: int = Field(description="Jobs matching the filter, ignoring limit/offset")
+
+
+class StudyRowPublic(BaseModel):
+    job_id: int
+    status: JobStatus
+    num_machines: int
+    num_processes: int
+    world_size: int
+    batch_size: int = Field(description="Per process")
+    global_batch_size: int
+    threads_per_process: int | None = None
+    wall_seconds: float | None = Field(None, description="The job's running time")
+    training_seconds: float | None = None
+    samples_per_sec: float | None = None
+    speedup: float | None = Field(None, description="First row's training time / this row's")
+    efficiency: float | None = Field(None, description="speedup / (world size / first row's)")
+    train_loss: float | None = None
+    test_accuracy: float | None = None
+
+
+class StudyPublic(BaseModel):
+    id: int
+    name: str | None
+    status: JobStatus
+    created_at: datetime
+    spec: JobSpec
+    rows: list[StudyRowPublic]
+
+
+class StudiesPublic(BaseModel):
+    data: list[StudyPublic]
+
+
+class MetricPoint(BaseModel):
+    epoch: int
+    batch: int
+    step: int = Field(description="Batches done since the start of the job")
+    loss: float | None
+    samples_per_sec: float | None
+    at: datetime
+
+
+class MetricsPublic(BaseModel):
+    job_id: int
+    points: list[MetricPoint]
+
+
+class NodePart(BaseModel):
+    job_id: int
+    machine_id: int
+    status: PartStatus
+
+
+class NodePublic(BaseModel):
+    id: int
+    name: str
+    address: str
+    slots: int
+    gpus: int
+    cpus: int
+    trainers: list[str]
+    state: NodeState
+    registered_at: datetime
+    last_heartbeat_at: datetime
+    parts: list[NodePart]
+
+
+class LogLinePublic(BaseModel):
+    id: int = Field(description="Increasing: pass the last one seen as ?since= to get newer lines")
+    machine_id: int
+    rank: int | None = Field(description="The global rank; null for the machine's launcher")
+    text: str
+    at: datetime
+
+
+class LogsPublic(BaseModel):
+    lines: list[LogLinePublic]
+    next_since: int = Field(description="Pass as ?since= to get only lines after these")
+    job_status: JobStatus
+
+
+# --- errors -------------------------------------------------------------------
+
+
+class Problem(BaseModel):
+    """Every 4xx but validation's 422: what went wrong, in words."""
+
+    detail: str
+
+
+def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for these error statuses (422 FastAPI adds itself)."""
+    meanings = {
+        400: "Malformed request",
+        403: "Not this node's part",
+        404: "No such resource",
+        409: "Not possible in its current state",
+        413: "Too large",
+    }
+    return {status: {"model": Problem, "description": meanings[status]} for status in statuses}

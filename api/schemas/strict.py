@@ -1,0 +1,88 @@
+"""What every schema a client sends shares: unknown fields refused, JSON
+types taken as documented, and the bounds that keep values inside the
+database's columns."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+# A job spec is data with bounds: nothing in it is executed or used as a path.
+MAX_WORLD_SIZE = 256
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+# Every integer that reaches the database fits its 64-bit columns.
+DB_INT_MAX = 2**63 - 1
+Id = Annotated[int, Field(ge=1, le=DB_INT_MAX)]
+Count = Annotated[int, Field(ge=0, le=DB_INT_MAX)]
+ExitCode = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+
+
+class Strict(BaseModel):
+    """What clients send: unknown fields refused, and JSON types taken as the
+    schema says: pydantic on its own would read ``true`` as 1, ``0`` as
+    false and a number as a timestamp."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _json_types_as_documented(cls, value: Any, info: ValidationInfo) -> Any:
+        # Strings, objects and nulls are pydantic's to judge; only numbers,
+        # booleans and arrays can be the wrong JSON type here. (Specs read
+        # back from the database go through this too: keep it cheap.)
+        if info.field_name is not None and not isinstance(value, str | dict | None):
+            wanted = cls.model_fields[info.field_name].annotation
+            if not _fits(wanted, value):
+                raise ValueError(f"{_kind(value)} where the schema wants {_name(wanted)}")
+        return value
+
+
+def _fits(annotation: Any, value: Any) -> bool:
+    """Whether a JSON value is of a type the annotation allows (models,
+    strings and the like are left to pydantic)."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _fits(get_args(annotation)[0], value)
+    if origin in (Union, UnionType):
+        return any(_fits(option, value) for option in get_args(annotation))
+    if origin is list and isinstance(value, list):
+        (item,) = get_args(annotation) or (Any,)
+        return all(_fits(item, element) for element in value)
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation in (int, float):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if annotation is datetime:
+        return isinstance(value, str | datetime)
+    if annotation is type(None):
+        return value is None
+    return True
+
+
+_JSON_NAMES: dict[Any, str] = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "an array",
+    dict: "an object",
+    datetime: "a date-time string",
+    type(None): "null",
+}
+
+
+def _kind(value: Any) -> str:
+    return "a number" if type(value) is float else _JSON_NAMES.get(type(value), "a value")
+
+
+def _name(annotation: Any) -> str:
+    if get_origin(annotation) is Annotated:
+        return _name(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, UnionType):
+        return " or ".join(_name(a) for a in get_args(annotation) if a is not type(None))
+    if get_origin(annotation) is list:
+        return "an array"
+    return _JSON_NAMES.get(annotation, getattr(annotation, "__name__", str(annotation)))
