@@ -1,0 +1,202 @@
+"""The core without a server: commands on a real SQLite database, as the
+routes and the server's clock call them (submit, place, report, lose a
+node, retry, cancel), and the domain errors it refuses with."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from api.core import clock, jobs, nodes, reports
+from api.core.context import Core
+from api.core.errors import Conflict, Forbidden, NotFound
+from api.failures import FailureReason
+from api.lifecycle import JobStatus, NodeState, PartStatus
+from api.schemas import (
+    Assignment,
+    JobSpec,
+    NodeRegistration,
+    PartFinished,
+    ProgressBatch,
+    ProgressReport,
+    Topology,
+    TrainResult,
+)
+from api.settings import ServerSettings
+from api.views import read_job
+from db import queries
+from db.engine import Database
+
+HEARTBEAT_TIMEOUT_S = 0.3
+
+
+@pytest.fixture
+def core(tmp_path: Path) -> Iterator[Core]:
+    db = Database(f"sqlite:///{tmp_path / 'core.db'}")
+    db.create_all()
+    settings = ServerSettings(
+        database_url=db.url,
+        artifacts_dir=tmp_path / "artifacts",
+        heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+        poll_wait_s=0.1,
+        retry_backoff_s=0,
+        retry_backoff_max_s=0,
+    )
+    yield Core(db, settings)
+    db.dispose()
+
+
+def join(core: Core, name: str) -> int:
+    node_id, credential = nodes.register_node(
+        core, NodeRegistration(name=name, address="10.0.0.1"), caller_node=None, enforce=False
+    )
+    assert credential is not None
+    return node_id
+
+
+def started(core: Core, node_id: int) -> list[Assignment]:
+    """Poll as the node does, and report each assignment started."""
+    assignments = nodes.poll_node(core, node_id, [], []).start
+    for a in assignments:
+        assert reports.part_started(core, a.part_id, node_id)
+    return assignments
+
+
+def finish(core: Core, node_id: int, part_id: int, **report: object) -> bool:
+    return reports.finish_part(
+        core, part_id, PartFinished.model_validate({"node_id": node_id, **report})
+    )
+
+
+def status(core: Core, job_id: int) -> JobStatus:
+    return read_job(db=core.db, job_id=job_id).status
+
+
+def test_a_job_waits_with_a_reason_until_a_node_joins_then_runs_to_success(core: Core) -> None:
+    job_id, created = jobs.submit_job(core, JobSpec(epochs=1))
+    assert created
+    waiting = read_job(db=core.db, job_id=job_id)
+    assert waiting.status is JobStatus.QUEUED and waiting.pending_reason
+
+    node_id = join(core, "a")
+    (assignment,) = started(core, node_id)
+    assert assignment.job_id == job_id and assignment.machine_id == 0
+    assert status(core, job_id) is JobStatus.RUNNING
+
+    at = datetime.now(timezone.utc)
+    batch = ProgressBatch(
+        node_id=node_id,
+        reports=[ProgressReport(seq=1, epoch=1, batch=5, batches_per_epoch=10, loss=0.5, at=at)],
+    )
+    assert reports.record_progress(core, assignment.part_id, batch)
+    assert read_job(db=core.db, job_id=job_id).progress.percent == 50.0  # type: ignore[union-attr]
+
+    result = TrainResult(test_accuracy=0.98, train_seconds=3.0)
+    assert finish(core, node_id, assignment.part_id, status="succeeded", result=result)
+    done = read_job(db=core.db, job_id=job_id)
+    assert done.status is JobStatus.SUCCEEDED
+    assert done.result == result
+
+
+def test_a_gang_is_placed_on_distinct_nodes_at_once_or_not_at_all(core: Core) -> None:
+    job_id, _ = jobs.submit_job(core, JobSpec(topology=Topology(num_machines=2)))
+    a = join(core, "a")
+    assert nodes.poll_node(core, a, [], []).start == []  # one node: nothing starts
+    b = join(core, "b")
+    machines = {x.machine_id: node for node in (a, b) for x in started(core, node)}
+    assert machines == {0: a, 1: b} or machines == {0: b, 1: a}
+    assert status(core, job_id) is JobStatus.RUNNING
+
+
+def test_a_silent_node_is_lost_and_its_job_restarts_on_another(core: Core) -> None:
+    job_id, _ = jobs.submit_job(core, JobSpec(max_restarts=1))
+    a = join(core, "a")
+    (first,) = started(core, a)
+    b = join(core, "b")
+    deadline = time.monotonic() + 10
+    while not clock.sweep_lost_nodes(core):  # b was heard from later than a
+        assert time.monotonic() < deadline, "node a was never judged lost"
+        nodes.heartbeat(core, b, [])
+        time.sleep(0.02)
+    with core.db.read() as session:
+        assert queries.get_node(session=session, node_id=a).state is NodeState.LOST  # type: ignore[union-attr]
+    # No backoff here: the sweep that lost node a placed the retry on b.
+    retried = read_job(db=core.db, job_id=job_id)
+    assert retried.status is JobStatus.RUNNING and retried.attempt == 2
+    assert retried.attempts[0].error is not None
+    assert retried.attempts[0].error.reason is FailureReason.NODE_LOST
+    assert retried.parts[0].node_id == b
+    (second,) = started(core, b)
+    assert second.attempt_id != first.attempt_id
+    # The lost attempt is fenced off: its late reports change nothing.
+    late = ProgressReport(
+        seq=1, epoch=1, batch=9, batches_per_epoch=10, at=datetime.now(timezone.utc)
+    )
+    assert not reports.record_progress(
+        core, first.part_id, ProgressBatch(node_id=a, reports=[late])
+    )
+    assert read_job(db=core.db, job_id=job_id).progress is None
+    assert not finish(core, a, first.part_id, status="succeeded")
+    assert finish(core, b, second.part_id, status="succeeded")
+    assert status(core, job_id) is JobStatus.SUCCEEDED
+
+
+def test_a_crash_of_the_training_code_is_not_retried(core: Core) -> None:
+    job_id, _ = jobs.submit_job(core, JobSpec(max_restarts=3))
+    node_id = join(core, "a")
+    (part,) = started(core, node_id)
+    finish(core, node_id, part.part_id, status="failed", reason="rank_failed", exit_code=1)
+    failed = read_job(db=core.db, job_id=job_id)
+    assert failed.status is JobStatus.FAILED
+    assert failed.error is not None and failed.error.reason is FailureReason.RANK_FAILED
+
+
+def test_cancelling_stops_every_part_and_ends_once_the_nodes_confirm(core: Core) -> None:
+    job_id, _ = jobs.submit_job(core, JobSpec())
+    node_id = join(core, "a")
+    (part,) = started(core, node_id)
+    jobs.cancel_job(core, job_id)
+    assert status(core, job_id) is JobStatus.CANCELLING
+    assert nodes.heartbeat(core, node_id, [part.part_id]) == [part.part_id]
+    assert read_job(db=core.db, job_id=job_id).parts[0].status is PartStatus.STOPPING
+    finish(core, node_id, part.part_id, status="cancelled", exit_code=-15)
+    assert status(core, job_id) is JobStatus.CANCELLED
+    with pytest.raises(Conflict, match=f"job {job_id} is already cancelled"):
+        jobs.cancel_job(core, job_id)
+
+
+def test_the_core_refuses_with_domain_errors_that_name_the_thing(core: Core) -> None:
+    with pytest.raises(NotFound, match="job 99 not found"):
+        jobs.cancel_job(core, 99)
+    with pytest.raises(NotFound, match="study 7 not found"):
+        jobs.cancel_study(core, 7)
+    jobs.submit_job(core, JobSpec(epochs=2), idempotency_key="k")
+    assert jobs.submit_job(core, JobSpec(epochs=2), idempotency_key="k") == (1, False)
+    with pytest.raises(Conflict, match="'k' was used for job 1 with a different spec"):
+        jobs.submit_job(core, JobSpec(epochs=3), idempotency_key="k")
+    a, b = join(core, "a"), join(core, "b")
+    (part,) = started(core, a)
+    with pytest.raises(Forbidden, match=f"part {part.part_id} is not assigned to node {b}"):
+        reports.part_started(core, part.part_id, b)
+    nodes.revoke_node(core, a)
+    with pytest.raises(Forbidden, match="revoked"):
+        nodes.poll_node(core, a, [], [])
+
+
+def test_the_clock_fails_a_job_past_its_deadline_without_a_request(core: Core) -> None:
+    job_id, _ = jobs.submit_job(core, JobSpec(max_run_seconds=0.05, max_restarts=2))
+    node_id = join(core, "a")
+    started(core, node_id)
+    deadline = time.monotonic() + 10
+    while status(core, job_id) is JobStatus.RUNNING:
+        assert time.monotonic() < deadline, "the deadline never struck"
+        clock.tick(core, judge_nodes=False)
+        time.sleep(0.02)
+    failed = read_job(db=core.db, job_id=job_id)
+    assert failed.status is JobStatus.FAILED
+    assert failed.error is not None and failed.error.reason is FailureReason.DEADLINE
+    assert failed.parts[0].status is PartStatus.STOPPING  # its node is told to stop it
