@@ -8,25 +8,19 @@ queued on the part until the server takes them, in order.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import signal
-import subprocess
 import time
+from collections.abc import Callable
 from types import FrameType
 
 from api.failures import FailureReason
 from api.schemas import Assignment, NodeRegistered, NodeRegistration, PartFinished
-from worker import cores, credentials, network, runfiles, trainers
-from worker.client import (
-    CredentialRefused,
-    NodeUnknown,
-    Refused,
-    ServerClient,
-    ServerUnavailable,
-)
+from worker import cores, network, trainers
+from worker.client import CredentialRefused, NodeUnknown, Refused, ServerClient, ServerUnavailable
+from worker.courier import Courier
 from worker.forkserver import ForkServer
 from worker.heartbeat import Heartbeat
+from worker.joining import CannotJoin, count_gpus, join
 from worker.part import PartProcess, run_dir_for
 from worker.settings import WorkerSettings
 
@@ -35,47 +29,35 @@ log = logging.getLogger(__name__)
 # Importing torch takes seconds; on a slow disk, tens of them.
 FORK_SERVER_READY_WAIT_S = 60.0
 
-MAX_BACKOFF_S = 5.0
 RENDEZVOUS_CHECK_S = 0.1
 FINISHING_CHECK_S = 0.1
 # Where a retried part keeps the checkpoint it resumes from, in its run directory.
 RESUME_FILE = "resume.pt"
-LOG_LINES_PER_REQUEST = 2000
 # The daemon's exit status when the server will not have this node.
 EXIT_REFUSED = 3
 # ... and when its --address is not this host's.
 EXIT_BAD_ADDRESS = 2
 
-
-class CannotJoin(RuntimeError):
-    """The server refused this node for good (revoked, name taken, bad token)."""
-
-
-def count_gpus() -> int:
-    """GPUs this node can offer, without importing torch into the daemon."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        listing = subprocess.run(
-            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+Launch = Callable[..., PartProcess]
 
 
 class Worker:
-    def __init__(self, settings: WorkerSettings, client: ServerClient | None = None) -> None:
+    """The node's daemon. ``client`` and ``launch`` (how a part's processes
+    start) are the real ones unless a test gives its own."""
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        client: ServerClient | None = None,
+        launch: Launch = PartProcess.launch,
+    ) -> None:
         self.settings = settings
         self.client = client or ServerClient(settings.server_url, settings.request_timeout_s)
+        self.courier = Courier(self.client)
+        self._launch = launch
         self.node_id: int | None = None
         self.parts: dict[int, PartProcess] = {}
         self._exit_requested = False
-        self._server_down_since: float | None = None
-        self._backoff_s = 0.5
         self._forks: ForkServer | None = None
         self._forks_awaited = False
         self._heartbeat: Heartbeat | None = None
@@ -91,10 +73,7 @@ class Worker:
         self._install_signal_handlers()
         try:
             while not self._exit_requested:
-                if self.node_id is None:
-                    self._register()
-                else:
-                    self._iteration()
+                self.step()
         except CannotJoin as exc:
             log.error("the server refused this node: %s", exc)
             return EXIT_REFUSED
@@ -104,6 +83,13 @@ class Worker:
         finally:
             self._shutdown()
         return 0
+
+    def step(self) -> None:
+        """One turn: register if not (or no longer) a node, else poll and tend the parts."""
+        if self.node_id is None:
+            self._register()
+        else:
+            self._iteration()
 
     def request_exit(self, *_: object) -> None:
         self._exit_requested = True
@@ -125,7 +111,7 @@ class Worker:
                 network.local_addresses(),
             )
         except OSError as exc:  # no route to the server (yet)
-            self._server_unavailable(exc)
+            self.courier.unavailable(exc)
             return
         # Ready to fork launchers before offering to run anything: the first
         # job then starts as fast as the next ones.
@@ -143,11 +129,11 @@ class Worker:
             trainers=sorted(trainers.available(self.settings.trainers)),
         )
         try:
-            registered = self._join(registration)
+            registered = join(self.client, self.settings, registration)
         except ServerUnavailable as exc:
-            self._server_unavailable(exc)
+            self.courier.unavailable(exc)
             return
-        self._server_available()
+        self.courier.available()
         self.node_id = registered.node_id
         log.info(
             "registered as node %d (%s, %s; collectives on %s; %d cpu(s)) with %s",
@@ -176,46 +162,13 @@ class Worker:
         """The heartbeat's answer: these parts are no longer this node's."""
         for part_id in part_ids:
             part = self.parts.get(part_id)
-            if part is not None and part.stop_requested_at is None:
+            if part is not None and not part.stop_requested:
                 log.info(
                     "stopping part %d (job %d): the heartbeat says it is not this node's",
                     part_id,
                     part.assignment.job_id,
                 )
                 part.request_stop()
-
-    def _join(self, registration: NodeRegistration) -> NodeRegistered:
-        """Register with the node's saved credential if this machine has one
-        (a restart takes its node back), else with the join token; keep the
-        credential the server hands out."""
-        path = self.settings.credential_path
-        saved = credentials.load(path)
-        registered = None
-        if saved is not None:
-            try:
-                registered = self.client.register(registration, saved)
-                self.client.credential = saved
-            except CredentialRefused:
-                log.warning(
-                    "the server does not know the credential in %s (revoked, or a new "
-                    "database); joining with the join token",
-                    path,
-                )
-            except Refused as exc:
-                raise CannotJoin(str(exc)) from None
-        if registered is None:
-            join = self.settings.join_token
-            try:
-                registered = self.client.register(
-                    registration, join.get_secret_value() if join else None
-                )
-            except Refused as exc:
-                hint = "" if join else " (DDPO_JOIN_TOKEN is not set)"
-                raise CannotJoin(f"{exc}{hint}") from None
-        if registered.credential is not None:
-            credentials.save(path, registered.credential)
-            self.client.credential = registered.credential
-        return registered
 
     def _prewarm(self) -> None:
         """Start the launcher fork server, or a new one if it died, while the
@@ -270,22 +223,11 @@ class Worker:
     def _iteration(self) -> None:
         assert self.node_id is not None
         self._tend_parts()
-        wait = self.settings.poll_wait_s
-        if self.parts:
-            # Come back soon enough to ship progress and notice exits.
-            wait = min(wait, self.settings.report_interval_s)
-        if any(
-            p.assignment.machine_id == 0 and not p.rendezvous_known for p in self.parts.values()
-        ):
-            # Peers wait for the port machine 0's launcher is about to bind.
-            wait = min(wait, RENDEZVOUS_CHECK_S)
-        if any(p.training_done for p in self.parts.values()):
-            # A part about to end: report it (and free the node) promptly.
-            wait = min(wait, FINISHING_CHECK_S)
+        wait = self._poll_wait()
         waiting_for_port = sorted(
             part_id
             for part_id, p in self.parts.items()
-            if p.assignment.machine_id > 0 and not p.rendezvous_known
+            if p.assignment.machine_id > 0 and p.waits_for_port
         )
         try:
             response = self.client.poll(self.node_id, sorted(self.parts), waiting_for_port, wait)
@@ -300,9 +242,9 @@ class Worker:
         except Refused as exc:
             raise CannotJoin(str(exc)) from None
         except ServerUnavailable as exc:
-            self._server_unavailable(exc)
+            self.courier.unavailable(exc)
             return
-        self._server_available()
+        self.courier.available()
         for assignment in response.start:
             self._start(assignment)
         for part_id in response.stop:
@@ -312,6 +254,20 @@ class Worker:
             if part is not None:
                 part.learn_port(rendezvous.master_port)
         self._tend_parts()
+
+    def _poll_wait(self) -> float:
+        """How long the poll may wait for news: less while parts need tending."""
+        wait = self.settings.poll_wait_s
+        if self.parts:
+            # Come back soon enough to ship progress and notice exits.
+            wait = min(wait, self.settings.report_interval_s)
+        if any(p.assignment.machine_id == 0 and p.waits_for_port for p in self.parts.values()):
+            # Peers wait for the port machine 0's launcher is about to bind.
+            wait = min(wait, RENDEZVOUS_CHECK_S)
+        if any(p.outbox.training_done for p in self.parts.values()):
+            # A part about to end: report it (and free the node) promptly.
+            wait = min(wait, FINISHING_CHECK_S)
+        return wait
 
     def _start(self, assignment: Assignment) -> None:
         assert self.node_id is not None
@@ -344,7 +300,7 @@ class Worker:
                 return
         try:
             assert self.network is not None
-            part = PartProcess.launch(
+            part = self._launch(
                 assignment,
                 self.settings,
                 interface=self.network.interface,
@@ -394,134 +350,42 @@ class Worker:
                 ),
             )
             return
-        if part.stop_requested_at is None:
+        if not part.stop_requested:
             log.info("stopping part %d (job %d)", part_id, part.assignment.job_id)
         part.request_stop()
 
     def _tend_parts(self) -> None:
-        """Ship new progress, enforce stop deadlines, and report ended parts."""
+        """Enforce stop deadlines, publish machine 0's port, deliver each
+        part's outbox, and let go of the parts whose finish is delivered."""
         assert self.node_id is not None
         for part_id, part in list(self.parts.items()):
             part.enforce_stop(self.settings.stop_grace_s)
-            if part.assignment.machine_id == 0 and not part.rendezvous_known:
+            if part.assignment.machine_id == 0 and part.waits_for_port:
                 self._publish_port(part_id, part)
-            ended = part.has_ended()
-            part.unsent_logs.extend(part.logs.read_new(final=ended))
-            while ended and (rest := part.logs.read_new(final=True)):
-                part.unsent_logs.extend(rest)  # the finish goes after every line
-            if part.unsent_logs and not self._ship_logs(part_id, part):
-                continue
-            part.read_progress()
-            if part.unsent and not self._ship_progress(part_id, part):
-                continue  # keep order: no finish before its progress is in
-            if part.assignment.machine_id == 0 and not self._upload_checkpoint(part_id, part):
-                continue  # nor before its last checkpoint is
-            if ended:
-                report = part.final_report(self.node_id)
-                if self._send_finish(part_id, report):
-                    log.info(
-                        "part %d (job %d machine %d) %s",
-                        part_id,
-                        part.assignment.job_id,
-                        part.assignment.machine_id,
-                        report.status,
-                    )
-                    del self.parts[part_id]
+            finish = part.final_report(self.node_id) if part.has_ended() else None
+            if part.outbox.deliver(self.courier, self.node_id, finish):
+                assert finish is not None
+                log.info(
+                    "part %d (job %d machine %d) %s",
+                    part_id,
+                    part.assignment.job_id,
+                    part.assignment.machine_id,
+                    finish.status,
+                )
+                del self.parts[part_id]
         self._prewarm()
 
     def _publish_port(self, part_id: int, part: PartProcess) -> None:
         assert self.node_id is not None
-        port = part.bound_port()
-        if port is None:
-            return
-        try:
-            self.client.rendezvous(part_id, self.node_id, port)
-        except ServerUnavailable as exc:
-            self._server_unavailable(exc)
-            return
-        except Refused as exc:
-            log.warning("rendezvous of part %d refused: %s", part_id, exc)
-        part.rendezvous_known = True
-
-    def _upload_checkpoint(self, part_id: int, part: PartProcess) -> bool:
-        """Send rank 0's newest checkpoint if the server lacks it. False: try later."""
-        assert self.node_id is not None
-        latest = runfiles.latest_checkpoint(part.run_dir)
-        if latest is None or latest[1] <= part.uploaded_epoch:
-            return True
-        path, epoch = latest
-        began = time.monotonic()
-        try:
-            size = path.stat().st_size
-            self.client.upload_checkpoint(part_id, self.node_id, epoch, path)
-            log.info(
-                "part %d: checkpoint of epoch %d uploaded (%d bytes) in %.1f s",
-                part_id,
-                epoch,
-                size,
-                time.monotonic() - began,
-            )
-        except ServerUnavailable as exc:
-            self._server_unavailable(exc)
-            return False
-        except FileNotFoundError:
-            return False  # replaced by a newer epoch's meanwhile: take that one next turn
-        except Refused as exc:
-            log.warning("checkpoint of part %d refused: %s", part_id, exc)
-        part.uploaded_epoch = epoch
-        return True
-
-    def _ship_logs(self, part_id: int, part: PartProcess) -> bool:
-        assert self.node_id is not None
-        while part.unsent_logs:
-            batch = part.unsent_logs[:LOG_LINES_PER_REQUEST]
-            try:
-                self.client.logs(part_id, self.node_id, batch)
-            except ServerUnavailable as exc:
-                self._server_unavailable(exc)
-                return False
-            except Refused as exc:
-                log.warning("logs of part %d refused, dropping them: %s", part_id, exc)
-            del part.unsent_logs[: len(batch)]
-        return True
-
-    def _ship_progress(self, part_id: int, part: PartProcess) -> bool:
-        assert self.node_id is not None
-        try:
-            self.client.progress(part_id, self.node_id, part.unsent)
-        except ServerUnavailable as exc:
-            self._server_unavailable(exc)
-            return False
-        except Refused as exc:
-            log.warning("progress of part %d refused, dropping it: %s", part_id, exc)
-        part.unsent.clear()
-        return True
+        node_id, port = self.node_id, part.bound_port()
+        if port is not None and self.courier.deliver(
+            f"rendezvous of part {part_id}",
+            lambda: self.client.rendezvous(part_id, node_id, port),
+        ):
+            part.port_published()
 
     def _send_finish(self, part_id: int, report: PartFinished) -> bool:
         """True once the server has the report (or refused it for good)."""
-        try:
-            self.client.finish(part_id, report)
-        except ServerUnavailable as exc:
-            self._server_unavailable(exc)
-            return False
-        except Refused as exc:
-            log.warning("finish of part %d refused: %s", part_id, exc)
-        return True
-
-    # --- server availability --------------------------------------------------
-
-    def _server_unavailable(self, exc: Exception) -> None:
-        if self._server_down_since is None:
-            self._server_down_since = time.monotonic()
-            log.warning("server unavailable (%s); retrying", exc)
-        time.sleep(self._backoff_s)
-        self._backoff_s = min(self._backoff_s * 2, MAX_BACKOFF_S)
-
-    def _server_available(self) -> None:
-        if self._server_down_since is not None:
-            log.info(
-                "server reachable again after %.1f s",
-                time.monotonic() - self._server_down_since,
-            )
-        self._server_down_since = None
-        self._backoff_s = 0.5
+        return self.courier.deliver(
+            f"finish of part {part_id}", lambda: self.client.finish(part_id, report)
+        )

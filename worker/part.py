@@ -1,5 +1,6 @@
-"""One part running on this node: its launcher process group, the reports
-it has written, and how it ended."""
+"""One part running on this node: its launcher process group, the state it
+is in, what it has still to tell the server (its outbox), and how it
+ended."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from api.failures import FailureReason
-from api.schemas import Assignment, LogLine, PartFinished, ProgressReport
+from api.lifecycle import Named
+from api.schemas import Assignment, PartFinished
 from worker import runfiles
 from worker._process import group_alive, signal_group
 from worker.forkserver import ForkServer
+from worker.outbox import Outbox
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,70 @@ class Launched(Protocol):
     def poll(self) -> int | None: ...
 
 
+class ProcessGroup(Protocol):
+    """A part's processes: its launcher and every rank, in one group."""
+
+    def exit_code(self) -> int | None:
+        """The launcher's exit status (negative: the signal), once it exited."""
+        ...
+
+    def alive(self) -> bool:
+        """Whether any process of the group is left."""
+        ...
+
+    def signal(self, signum: signal.Signals) -> None: ...
+
+
+@dataclass(frozen=True)
+class LauncherGroup:
+    """The group a launcher leads (its own session: one signal reaches every rank)."""
+
+    launcher: Launched
+
+    def exit_code(self) -> int | None:
+        return self.launcher.poll()
+
+    def alive(self) -> bool:
+        return group_alive(self.launcher.pid)
+
+    def signal(self, signum: signal.Signals) -> None:
+        signal_group(self.launcher.pid, signum)
+
+
+class PartState(Named):
+    """Where a part stands on this node (as torch elastic's ``WorkerState``).
+
+    ``launched -> running`` once its rendezvous port is settled (machine 0
+    published the port its launcher bound; the others learnt it);
+    ``launched | running -> stopping`` when the server or the node's own
+    shutdown asks (SIGTERM to the group); ``stopping -> killed`` once the
+    grace period is over (SIGKILL); any state ``-> exited`` once no process
+    of the group is left. An exited part leaves the node when its outbox,
+    finish report last, has been delivered.
+    """
+
+    LAUNCHED = "launched"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    KILLED = "killed"
+    EXITED = "exited"
+
+
+PART_TRANSITIONS: dict[PartState, frozenset[PartState]] = {
+    PartState.LAUNCHED: frozenset({PartState.RUNNING, PartState.STOPPING, PartState.EXITED}),
+    PartState.RUNNING: frozenset({PartState.STOPPING, PartState.EXITED}),
+    PartState.STOPPING: frozenset({PartState.KILLED, PartState.EXITED}),
+    PartState.KILLED: frozenset({PartState.EXITED}),
+    PartState.EXITED: frozenset(),
+}
+
+
+def move(current: PartState, new: PartState) -> PartState:
+    if new not in PART_TRANSITIONS[current]:
+        raise ValueError(f"a part on a node cannot go from {current.value} to {new.value}")
+    return new
+
+
 def run_dir_for(work_dir: Path, assignment: Assignment) -> Path:
     return (
         work_dir
@@ -48,16 +115,10 @@ def run_dir_for(work_dir: Path, assignment: Assignment) -> Path:
 class PartProcess:
     assignment: Assignment
     run_dir: Path
-    process: Launched
-    progress: runfiles.ProgressReader
-    logs: runfiles.LogReader
-    unsent: list[ProgressReport] = field(default_factory=list)
-    unsent_logs: list[LogLine] = field(default_factory=list)
+    group: ProcessGroup
+    outbox: Outbox
+    state: PartState = PartState.LAUNCHED
     stop_requested_at: float | None = None
-    killed: bool = False
-    rendezvous_known: bool = False
-    uploaded_epoch: int = 0
-    last_progress: ProgressReport | None = None
 
     @classmethod
     def launch(
@@ -83,8 +144,7 @@ class PartProcess:
             cpus=cpus,
         )
         runfiles.write_launch(config)
-        known = assignment.master_port is not None and assignment.machine_id > 0
-        if assignment.master_port is not None and known:
+        if assignment.master_port is not None and assignment.machine_id > 0:
             runfiles.write_rendezvous(run_dir, assignment.master_port)
         process: Launched | None = None
         if forks is not None and forks.ready():
@@ -104,75 +164,77 @@ class PartProcess:
                     start_new_session=True,
                     env=_launcher_env(),
                 )
-        return cls(
-            assignment,
-            run_dir,
-            process,
-            runfiles.ProgressReader(run_dir),
-            runfiles.LogReader(run_dir),
-            rendezvous_known=known,
-        )
+        return cls.of(assignment, run_dir, LauncherGroup(process))
+
+    @classmethod
+    def of(cls, assignment: Assignment, run_dir: Path, group: ProcessGroup) -> PartProcess:
+        """The part whose processes ``group`` holds (launched already)."""
+        part = cls(assignment, run_dir, group, Outbox(assignment, run_dir))
+        if assignment.master_port is not None and assignment.machine_id > 0:
+            part.state = move(part.state, PartState.RUNNING)  # its port came with it
+        return part
+
+    @property
+    def waits_for_port(self) -> bool:
+        """Machine 0 has a port to publish, the others one to learn."""
+        return self.state is PartState.LAUNCHED
+
+    def _move(self, new: PartState) -> None:
+        self.state = move(self.state, new)
 
     def bound_port(self) -> int | None:
         """Machine 0: the port its launcher bound, once it has."""
         return runfiles.read_rendezvous(self.run_dir)
 
+    def port_published(self) -> None:
+        """Machine 0: the server has the port (or refused it for good)."""
+        if self.state is PartState.LAUNCHED:
+            self._move(PartState.RUNNING)
+
     def learn_port(self, master_port: int) -> None:
         """Other machines: hand the launcher the port it waits for."""
-        if not self.rendezvous_known:
+        if self.state is PartState.LAUNCHED:
             runfiles.write_rendezvous(self.run_dir, master_port)
-            self.rendezvous_known = True
-
-    def read_progress(self) -> None:
-        new = self.progress.read_new()
-        if new:
-            self.unsent.extend(new)
-            self.last_progress = new[-1]
+            self._move(PartState.RUNNING)
 
     @property
-    def training_done(self) -> bool:
-        """Rank 0 reported the last batch of the last epoch: evaluation and
-        exit are all that is left, seconds at most."""
-        last = self.last_progress
-        return (
-            last is not None
-            and last.epoch == self.assignment.spec.epochs
-            and last.batch == last.batches_per_epoch
-        )
-
-    @property
-    def pgid(self) -> int:
-        return self.process.pid
+    def stop_requested(self) -> bool:
+        return self.stop_requested_at is not None
 
     def request_stop(self) -> None:
-        if self.stop_requested_at is None:
+        if self.state in (PartState.LAUNCHED, PartState.RUNNING):
             self.stop_requested_at = time.monotonic()
-            signal_group(self.pgid, signal.SIGTERM)
+            self._move(PartState.STOPPING)
+            self.group.signal(signal.SIGTERM)
 
     def enforce_stop(self, grace_s: float) -> None:
         """SIGKILL what is left once the grace period after SIGTERM is over."""
         if (
-            self.stop_requested_at is not None
-            and not self.killed
+            self.state is PartState.STOPPING
+            and self.stop_requested_at is not None
             and time.monotonic() - self.stop_requested_at >= grace_s
-            and group_alive(self.pgid)
+            and self.group.alive()
         ):
             log.warning("part %d: ranks outlived SIGTERM, killing", self.assignment.part_id)
-            signal_group(self.pgid, signal.SIGKILL)
-            self.killed = True
+            self.group.signal(signal.SIGKILL)
+            self._move(PartState.KILLED)
 
     def has_ended(self) -> bool:
         """The launcher has exited and no process of its group is left."""
-        if self.process.poll() is None:
+        if self.state is PartState.EXITED:
+            return True
+        if self.group.exit_code() is None:
             return False
-        if group_alive(self.pgid):
+        if self.group.alive():
             # Nobody supervises ranks whose launcher is gone.
-            signal_group(self.pgid, signal.SIGKILL)
+            self.group.signal(signal.SIGKILL)
             return False
+        self._move(PartState.EXITED)
         return True
 
     def final_report(self, node_id: int) -> PartFinished:
-        exit_code = self.process.returncode
+        exit_code = self.group.exit_code()
+        assert exit_code is not None, "the part has not exited"
         outcome = runfiles.read_outcome(self.run_dir)
         result = runfiles.read_result(self.run_dir)
         # An outcome on disk was written before any stop signal landed (the
