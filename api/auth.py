@@ -9,18 +9,17 @@ to that node (the server keeps its digest in the node's row): with it the
 daemon polls, heartbeats and reports for its own node and its own parts
 only, and an admin can revoke it without touching any other node.
 
-Every route has a rule in :data:`RULES`; the auth-matrix test builds its
-table from the app's own route list, so a new route without a rule fails it.
-``AuthMiddleware`` is the outermost layer: it runs before the read cache
-answers anything, and matches the rules' templates itself (FastAPI resolves
-routes only further in). A path no rule matches is answered 404 to everyone,
-so a route added without a rule is unreachable, never open.
+Every route's roles are in its row of api/route_table.py, the table the
+routers' decorators read too; the auth-matrix test builds its table from
+the app's own route list. ``AuthMiddleware`` is the outermost layer: it
+runs before the read cache answers anything, and matches the table's
+templates itself (FastAPI resolves routes only further in). A path no
+route matches is answered 404 to everyone, so a route can never be open
+by being forgotten.
 """
 
 from __future__ import annotations
 
-import enum
-import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,16 +28,10 @@ from fastapi import HTTPException
 from pydantic import SecretStr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api import route_table
 from api.credentials import NodeCredentials, digest
 from api.raw_answers import send_problem
-
-
-class Role(str, enum.Enum):
-    ADMIN = "admin"
-    USER = "user"  # people and scripts: submit, cancel, read
-    READER = "reader"  # dashboards: read only
-    JOIN = "join"  # a machine joining as a new node: registration only
-    NODE = "node"  # one node's own credential: the node protocol, for that node
+from api.route_table import PUBLIC, Role
 
 
 @dataclass(frozen=True)
@@ -49,50 +42,10 @@ class Caller:
     node_id: int | None = None
 
 
-PUBLIC: frozenset[Role] = frozenset()  # no token needed
-READ = frozenset({Role.ADMIN, Role.USER, Role.READER})
-WRITE = frozenset({Role.ADMIN, Role.USER})
-NODE = frozenset({Role.NODE})
-ADMIN = frozenset({Role.ADMIN})
-
-# (method, route template) -> the roles allowed; PUBLIC: anyone. HEAD is
-# GET's. The dashboard's pages and the API reference carry no data.
-RULES: dict[tuple[str, str], frozenset[Role]] = {
-    ("GET", "/healthz"): PUBLIC,
-    ("GET", "/"): PUBLIC,
-    ("GET", "/ui"): PUBLIC,
-    ("GET", "/ui/{page:path}"): PUBLIC,
-    ("GET", "/ui/static/{name}"): PUBLIC,
-    ("GET", "/openapi.json"): PUBLIC,
-    ("GET", "/docs"): PUBLIC,
-    ("GET", "/docs/oauth2-redirect"): PUBLIC,
-    ("GET", "/redoc"): PUBLIC,
-    ("GET", "/metrics"): READ,
-    ("POST", "/jobs"): WRITE,
-    ("GET", "/jobs"): READ,
-    ("GET", "/jobs/{job_id}"): READ,
-    ("POST", "/jobs/{job_id}/cancel"): WRITE,
-    ("GET", "/jobs/{job_id}/metrics"): READ,
-    ("GET", "/jobs/{job_id}/logs"): READ,
-    # Workers fetch the checkpoint a retry resumes from (of their own jobs).
-    ("GET", "/jobs/{job_id}/model"): READ | NODE,
-    ("POST", "/studies"): WRITE,
-    ("GET", "/studies"): READ,
-    ("GET", "/studies/{study_id}"): READ,
-    ("POST", "/studies/{study_id}/cancel"): WRITE,
-    ("GET", "/nodes"): READ,
-    # A new node joins; a known one registers again with its own credential.
-    ("POST", "/nodes/register"): NODE | {Role.JOIN},
-    ("POST", "/nodes/{node_id}/revoke"): ADMIN,
-    ("POST", "/nodes/{node_id}/poll"): NODE,
-    ("POST", "/nodes/{node_id}/heartbeat"): NODE,
-    ("POST", "/parts/{part_id}/started"): NODE,
-    ("POST", "/parts/{part_id}/rendezvous"): NODE,
-    ("POST", "/parts/{part_id}/progress"): NODE,
-    ("POST", "/parts/{part_id}/logs"): NODE,
-    ("POST", "/parts/{part_id}/finish"): NODE,
-    ("PUT", "/parts/{part_id}/checkpoint"): NODE,
-}
+def rule_for(method: str, template: str) -> frozenset[Role] | None:
+    """The roles a route allows (api/route_table.py), None if it has none."""
+    route = route_table.find(method, template)
+    return route.roles if route else None
 
 
 class TokenBook:
@@ -134,38 +87,6 @@ class TokenBook:
         return found
 
 
-def rule_for(method: str, template: str) -> frozenset[Role] | None:
-    return RULES.get(("GET" if method == "HEAD" else method, template))
-
-
-def _pattern(template: str) -> re.Pattern[str]:
-    parts = re.split(r"(\{[^}]+\})", template)
-    regex = "".join(
-        (".*" if part.endswith(":path}") else "[^/]+") if part.startswith("{") else re.escape(part)
-        for part in parts
-    )
-    return re.compile(f"^{regex}$")
-
-
-# Literal paths before templated ones ("/nodes/register" is not a node id).
-_COMPILED = sorted(
-    ((method, _pattern(template), roles) for (method, template), roles in RULES.items()),
-    key=lambda rule: rule[1].pattern.count("[^/]+") + 10 * rule[1].pattern.count(".*"),
-)
-
-
-def _allowed(method: str, path: str) -> frozenset[Role] | int:
-    """The roles allowed, or the status for a request no rule covers."""
-    method = "GET" if method == "HEAD" else method
-    path_known = False
-    for rule_method, pattern, roles in _COMPILED:
-        if pattern.match(path):
-            if rule_method == method:
-                return roles
-            path_known = True
-    return 405 if path_known else 404
-
-
 class AuthMiddleware:
     """Checks the caller against the route's rule. A node's request is also
     a sign of life (``saw``), noted when it arrives and again when its answer
@@ -183,10 +104,11 @@ class AuthMiddleware:
         if scope["type"] != "http" or not self.book.enabled:
             await self.app(scope, receive, send)
             return
-        allowed = _allowed(scope["method"], scope["path"])
-        if isinstance(allowed, int):
-            await _refuse(send, allowed, "not found" if allowed == 404 else "method not allowed")
+        route = route_table.match(scope["method"], scope["path"])
+        if isinstance(route, int):
+            await _refuse(send, route, "not found" if route == 404 else "method not allowed")
             return
+        allowed = route.roles
         if allowed is PUBLIC:
             await self.app(scope, receive, send)
             return

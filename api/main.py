@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp
 
+from api import route_table
 from api.auth import AuthMiddleware, TokenBook
 from api.core.clock import tick
 from api.core.context import Core
@@ -114,7 +115,8 @@ class _Orchestrator(FastAPI):
 
 def _uploads(method: str, path: str) -> bool:
     """Checkpoint uploads: capped by DDPO_MAX_CHECKPOINT_MB instead."""
-    return method == "PUT" and path.startswith("/parts/") and path.endswith("/checkpoint")
+    route = route_table.match(method, path)
+    return not isinstance(route, int) and route.upload
 
 
 # How late the sweep may wake before the server counts itself as stalled.

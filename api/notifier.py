@@ -7,6 +7,7 @@ event loop; :meth:`Notifier.notify` may be called from either.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 
 class Notifier:
@@ -45,7 +46,5 @@ class Notifier:
 
     @staticmethod
     async def wait(event: asyncio.Event, timeout: float) -> None:
-        try:
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(event.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass

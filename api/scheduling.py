@@ -40,9 +40,7 @@ class Pending:
 def _suits(node: NodeCapacity, spec: JobSpec) -> bool:
     if spec.trainer not in node.trainers:
         return False
-    if spec.backend == "nccl" and node.gpus < spec.topology.num_processes:
-        return False
-    return True
+    return not (spec.backend == "nccl" and node.gpus < spec.topology.num_processes)
 
 
 def _requirement(spec: JobSpec) -> str:

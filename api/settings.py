@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from api.auth import Role
+from api.route_table import Role
 
 
 class ServerSettings(BaseSettings):

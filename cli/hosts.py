@@ -14,6 +14,7 @@ hosts do: the case in which collectives, left alone, advertise loopback.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -155,10 +156,8 @@ class TestHosts:
     def remove(self) -> None:
         for host in self.hosts.values():
             for pid in self.pids(host.name):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             # Either end of a veth takes the pair with it; this end goes even
             # while a dying process still holds the namespace.
             _run("ip", "link", "del", host.bridge_side, check=False)

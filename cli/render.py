@@ -29,7 +29,7 @@ def progress_line(job: JobPublic, width: int = 30) -> str:
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     if seconds < 60:
         return f"{seconds}s"
     minutes, seconds = divmod(seconds, 60)

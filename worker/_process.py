@@ -3,6 +3,7 @@ degrading to no-ops elsewhere)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -48,10 +49,8 @@ def group_alive(pgid: int) -> bool:
 
 
 def signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 # glibc mallopt parameters (malloc.h).

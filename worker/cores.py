@@ -54,32 +54,46 @@ def cgroup_cpus(root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> int
         own = _own_cgroups(proc_cgroup or Path("/proc/self/cgroup").read_text())
     except (OSError, ValueError):
         return None
-    limits: list[int] = []
     if "" in own and (root / "cgroup.controllers").exists():
-        folder = root / own[""].lstrip("/")
-        while True:
-            try:
-                limit = parse_cpu_max((folder / "cpu.max").read_text())
-            except (OSError, ValueError):
-                limit = None
-            if limit is not None:
-                limits.append(limit)
-            if folder == root or root not in folder.parents:
-                break
-            folder = folder.parent
+        limits = _v2_limits(root, root / own[""].lstrip("/"))
     elif "cpu" in own:
-        base = next((root / n for n in ("cpu", "cpu,cpuacct") if (root / n).is_dir()), None)
-        if base is not None:
-            # Inside a container the controller's root is its own cgroup.
-            for folder in dict.fromkeys([base / own["cpu"].lstrip("/"), base]):
-                try:
-                    quota = int((folder / "cpu.cfs_quota_us").read_text())
-                    period = int((folder / "cpu.cfs_period_us").read_text())
-                except (OSError, ValueError):
-                    continue
-                if (limit := quota_cpus(quota, period)) is not None:
-                    limits.append(limit)
+        limits = _v1_limits(root, own["cpu"])
+    else:
+        limits = []
     return min(limits) if limits else None
+
+
+def _v2_limits(root: Path, folder: Path) -> list[int]:
+    """cgroup v2: ``cpu.max`` of the process's cgroup and each one above it."""
+    limits: list[int] = []
+    while True:
+        try:
+            limit = parse_cpu_max((folder / "cpu.max").read_text())
+        except (OSError, ValueError):
+            limit = None
+        if limit is not None:
+            limits.append(limit)
+        if folder == root or root not in folder.parents:
+            return limits
+        folder = folder.parent
+
+
+def _v1_limits(root: Path, own: str) -> list[int]:
+    """cgroup v1: the cpu controller's CFS quota over its period."""
+    base = next((root / n for n in ("cpu", "cpu,cpuacct") if (root / n).is_dir()), None)
+    if base is None:
+        return []
+    limits: list[int] = []
+    # Inside a container the controller's root is its own cgroup.
+    for folder in dict.fromkeys([base / own.lstrip("/"), base]):
+        try:
+            quota = int((folder / "cpu.cfs_quota_us").read_text())
+            period = int((folder / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+        if (limit := quota_cpus(quota, period)) is not None:
+            limits.append(limit)
+    return limits
 
 
 def usable_cpus(declared: int | None = None) -> int:

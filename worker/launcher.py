@@ -221,7 +221,7 @@ def preload(data_dir: Path) -> None:
     """What the fork server does once for every launch: the imports (torch,
     the ranks, the built-in trainers) and the trainers' ``warm`` (the data
     they read, then shared by every process forked from it)."""
-    import torch.distributed  # noqa: F401
+    import torch.distributed
     import torch.multiprocessing  # noqa: F401
 
     import worker.rank  # noqa: F401

@@ -78,12 +78,9 @@ class Net(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.conv1(x))
         x = self.conv2(x)
-        if self.pool_before_relu:
-            # ReLU is monotonic, so max(relu(a), relu(b)) == relu(max(a, b));
-            # gradients agree too (both are zero wherever the max is <= 0).
-            x = F.relu(F.max_pool2d(x, 2))
-        else:
-            x = F.max_pool2d(F.relu(x), 2)
+        # ReLU is monotonic, so max(relu(a), relu(b)) == relu(max(a, b));
+        # gradients agree too (both are zero wherever the max is <= 0).
+        x = F.relu(F.max_pool2d(x, 2)) if self.pool_before_relu else F.max_pool2d(F.relu(x), 2)
         # NCHW whatever the memory format: fc1 expects the recipe's flatten
         # order, and dropout draws its mask in memory order, so on NCHW it
         # masks the same elements the recipe's does.

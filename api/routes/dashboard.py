@@ -10,6 +10,9 @@ from pathlib import Path
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import FileResponse, RedirectResponse
 
+from api import route_table
+from api.routes import endpoint
+
 ASSETS = Path(__file__).resolve().parent.parent / "dashboard"
 STATIC = {
     "app.js": "text/javascript",
@@ -25,12 +28,12 @@ def _plotly_js() -> Path:
     return Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
 
 
-@router.get("/")
+@endpoint(router, route_table.DASHBOARD_ROOT)
 def root() -> RedirectResponse:
     return RedirectResponse("/ui/jobs")
 
 
-@router.get("/ui/static/{name}")
+@endpoint(router, route_table.DASHBOARD_STATIC)
 def static(name: str) -> FileResponse:
     if name == "plotly.min.js":
         return FileResponse(_plotly_js(), media_type="text/javascript")
@@ -39,8 +42,8 @@ def static(name: str) -> FileResponse:
     return FileResponse(ASSETS / name, media_type=STATIC[name])
 
 
-@router.get("/ui")
-@router.get("/ui/{page:path}")
+@endpoint(router, route_table.DASHBOARD)
+@endpoint(router, route_table.DASHBOARD_PAGE)
 def page(page: str = "jobs") -> FileResponse:
     """Every page is the same shell; its script renders what the path names
     (jobs, jobs/<id>, submit, nodes)."""

@@ -11,7 +11,7 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from api import views
+from api import route_table, views
 from api.core import artifacts
 from api.core import jobs as jobs_core
 from api.core import nodes as nodes_core
@@ -25,6 +25,7 @@ from api.deps import (
 )
 from api.lifecycle import JobStatus
 from api.read_cache import ReadCache, cached_json
+from api.routes import endpoint
 from api.schemas import (
     DB_INT_MAX,
     JobPublic,
@@ -42,8 +43,9 @@ router = APIRouter(prefix="/jobs", tags=["jobs"], responses=documented(400, 404,
 FOLLOW_POLL_S = 0.5
 
 
-@router.post(
-    "",
+@endpoint(
+    router,
+    route_table.SUBMIT_JOB,
     status_code=201,
     response_model=JobPublic,
     responses={200: {"model": JobPublic, "description": "The job this Idempotency-Key made"}},
@@ -69,7 +71,7 @@ def submit_job(
     return views.read_job(db=db, job_id=job_id)
 
 
-@router.get("", response_model=JobsPublic)
+@endpoint(router, route_table.LIST_JOBS, response_model=JobsPublic)
 def list_jobs(
     db: DatabaseDep,
     settings: SettingsDep,
@@ -83,7 +85,7 @@ def list_jobs(
     )
 
 
-@router.get("/{job_id}", response_model=JobPublic)
+@endpoint(router, route_table.GET_JOB, response_model=JobPublic)
 async def get_job(
     job_id: JobId, request: Request, db: DatabaseDep, cache: ReadCacheDep
 ) -> Response:
@@ -110,7 +112,7 @@ METRICS_TABLES = (Job, ProgressRow)
 LOGS_TABLES = (Job, LogRow)
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic)
+@endpoint(router, route_table.CANCEL_JOB, response_model=JobPublic)
 def cancel_job(job_id: JobId, core: CoreDep, db: DatabaseDep) -> JobPublic:
     """Queued jobs end ``cancelled`` at once; running ones go ``cancelling``
     until every node has stopped its ranks."""
@@ -118,7 +120,7 @@ def cancel_job(job_id: JobId, core: CoreDep, db: DatabaseDep) -> JobPublic:
     return views.read_job(db=db, job_id=job_id)
 
 
-@router.get("/{job_id}/metrics", response_model=MetricsPublic)
+@endpoint(router, route_table.JOB_METRICS, response_model=MetricsPublic)
 async def get_metrics(
     job_id: JobId,
     request: Request,
@@ -135,8 +137,9 @@ async def get_metrics(
     )
 
 
-@router.get(
-    "/{job_id}/logs",
+@endpoint(
+    router,
+    route_table.JOB_LOGS,
     response_model=LogsPublic,
     responses={
         200: {
@@ -203,8 +206,9 @@ async def get_logs(
     return StreamingResponse(stream(), media_type="application/x-ndjson")
 
 
-@router.get(
-    "/{job_id}/model",
+@endpoint(
+    router,
+    route_table.JOB_MODEL,
     response_class=FileResponse,
     responses={200: {"content": {"application/octet-stream": {}}}, **documented(403)},
 )

@@ -7,7 +7,7 @@ import time
 from fastapi import APIRouter, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from api import views
+from api import route_table, views
 from api.auth import acting_for
 from api.core import nodes as nodes_core
 from api.deps import (
@@ -18,6 +18,7 @@ from api.deps import (
     NotifierDep,
     SettingsDep,
 )
+from api.routes import endpoint
 from api.schemas import (
     HeartbeatRequest,
     HeartbeatResponse,
@@ -32,12 +33,14 @@ from api.schemas import (
 router = APIRouter(prefix="/nodes", tags=["nodes"], responses=documented(400, 403, 404))
 
 
-@router.get("", response_model=list[NodePublic])
+@endpoint(router, route_table.LIST_NODES, response_model=list[NodePublic])
 def list_nodes(db: DatabaseDep) -> list[NodePublic]:
     return views.read_nodes(db=db)
 
 
-@router.post("/register", response_model=NodeRegistered, responses=documented(409))
+@endpoint(
+    router, route_table.REGISTER_NODE, response_model=NodeRegistered, responses=documented(409)
+)
 def register_node(
     registration: NodeRegistration,
     request: Request,
@@ -59,7 +62,7 @@ def register_node(
     )
 
 
-@router.post("/{node_id}/revoke", response_model=NodePublic)
+@endpoint(router, route_table.REVOKE_NODE, response_model=NodePublic)
 def revoke_node(node_id: NodeId, core: CoreDep, db: DatabaseDep) -> NodePublic:
     """Refuse the node's credential from now on and retire its name; its
     parts' jobs restart elsewhere if they have restarts left."""
@@ -70,7 +73,7 @@ def revoke_node(node_id: NodeId, core: CoreDep, db: DatabaseDep) -> NodePublic:
     return node
 
 
-@router.post("/{node_id}/heartbeat", response_model=HeartbeatResponse)
+@endpoint(router, route_table.HEARTBEAT, response_model=HeartbeatResponse)
 def heartbeat(
     node_id: NodeId,
     request: HeartbeatRequest,
@@ -84,7 +87,7 @@ def heartbeat(
     return HeartbeatResponse(stop=nodes_core.heartbeat(core, node_id, request.active_part_ids))
 
 
-@router.post("/{node_id}/poll", response_model=PollResponse)
+@endpoint(router, route_table.POLL, response_model=PollResponse)
 async def poll(
     node_id: NodeId,
     request: PollRequest,

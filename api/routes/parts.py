@@ -8,9 +8,11 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
 
+from api import route_table
 from api.auth import acting_for
 from api.core import artifacts, reports
 from api.deps import CallerNodeDep, CoreDep, PartId, SettingsDep
+from api.routes import endpoint
 from api.schemas import (
     DB_INT_MAX,
     Ack,
@@ -27,7 +29,7 @@ router = APIRouter(
 )
 
 
-@router.post("/{part_id}/started", response_model=Ack)
+@endpoint(router, route_table.PART_STARTED, response_model=Ack)
 def part_started(
     part_id: PartId, body: PartStarted, core: CoreDep, caller_node: CallerNodeDep
 ) -> Ack:
@@ -37,7 +39,7 @@ def part_started(
     return Ack(accepted=reports.part_started(core, part_id, body.node_id))
 
 
-@router.post("/{part_id}/rendezvous", response_model=Ack)
+@endpoint(router, route_table.PART_RENDEZVOUS, response_model=Ack)
 def part_rendezvous(
     part_id: PartId,
     body: RendezvousBound,
@@ -50,7 +52,7 @@ def part_rendezvous(
     return Ack(accepted=accepted)
 
 
-@router.post("/{part_id}/progress", response_model=Ack)
+@endpoint(router, route_table.PART_PROGRESS, response_model=Ack)
 def part_progress(
     part_id: PartId, body: ProgressBatch, core: CoreDep, caller_node: CallerNodeDep
 ) -> Ack:
@@ -58,14 +60,14 @@ def part_progress(
     return Ack(accepted=reports.record_progress(core, part_id, body))
 
 
-@router.post("/{part_id}/logs", response_model=Ack)
+@endpoint(router, route_table.PART_LOGS, response_model=Ack)
 def part_logs(part_id: PartId, body: LogBatch, core: CoreDep, caller_node: CallerNodeDep) -> Ack:
     """Lines the part's ranks and launcher printed; resent lines are ignored."""
     acting_for(caller_node, body.node_id)
     return Ack(accepted=reports.record_logs(core, part_id, body))
 
 
-@router.post("/{part_id}/finish", response_model=Ack)
+@endpoint(router, route_table.PART_FINISH, response_model=Ack)
 def part_finished(
     part_id: PartId,
     body: PartFinished,
@@ -77,8 +79,9 @@ def part_finished(
     return Ack(accepted=accepted)
 
 
-@router.put(
-    "/{part_id}/checkpoint",
+@endpoint(
+    router,
+    route_table.PART_CHECKPOINT,
     response_model=Ack,
     openapi_extra={
         "requestBody": {

@@ -6,11 +6,15 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
+from api import route_table
+from api.routes import endpoint
+
 router = APIRouter(tags=["monitoring"])
 
 
-@router.get(
-    "/metrics",
+@endpoint(
+    router,
+    route_table.PROMETHEUS,
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
 )

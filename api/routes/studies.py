@@ -7,9 +7,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
-from api import views
+from api import route_table, views
 from api.core import jobs as jobs_core
 from api.deps import CoreDep, DatabaseDep, SettingsDep
+from api.routes import endpoint
 from api.schemas import DB_INT_MAX, StudiesPublic, StudyCreate, StudyPublic, documented
 
 router = APIRouter(prefix="/studies", tags=["studies"], responses=documented(400, 404, 409))
@@ -17,7 +18,7 @@ router = APIRouter(prefix="/studies", tags=["studies"], responses=documented(400
 StudyId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]
 
 
-@router.post("", status_code=201, response_model=StudyPublic)
+@endpoint(router, route_table.SUBMIT_STUDY, status_code=201, response_model=StudyPublic)
 def submit_study(create: StudyCreate, core: CoreDep, db: DatabaseDep) -> StudyPublic:
     """Queues one job per row (default: 1, 2, 4, 8 processes with batch 128,
     64, 32, 16); each starts when the one before has ended."""
@@ -25,7 +26,7 @@ def submit_study(create: StudyCreate, core: CoreDep, db: DatabaseDep) -> StudyPu
     return views.read_study(db=db, study_id=study_id)
 
 
-@router.get("", response_model=StudiesPublic)
+@endpoint(router, route_table.LIST_STUDIES, response_model=StudiesPublic)
 def list_studies(
     db: DatabaseDep,
     settings: SettingsDep,
@@ -35,14 +36,14 @@ def list_studies(
     return views.read_studies(db=db, limit=min(limit, settings.max_page_size), offset=offset)
 
 
-@router.get("/{study_id}", response_model=StudyPublic)
+@endpoint(router, route_table.GET_STUDY, response_model=StudyPublic)
 def get_study(study_id: StudyId, db: DatabaseDep) -> StudyPublic:
     """The table: per row its job, wall and training time, samples/s,
     speedup and efficiency against the first row, loss and test accuracy."""
     return views.read_study(db=db, study_id=study_id)
 
 
-@router.post("/{study_id}/cancel", response_model=StudyPublic)
+@endpoint(router, route_table.CANCEL_STUDY, response_model=StudyPublic)
 def cancel_study(study_id: StudyId, core: CoreDep, db: DatabaseDep) -> StudyPublic:
     jobs_core.cancel_study(core, study_id)
     return views.read_study(db=db, study_id=study_id)

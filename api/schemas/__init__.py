@@ -66,12 +66,15 @@ from api.schemas.strict import (
 )
 
 __all__ = [
+    "DB_INT_MAX",
+    "MAX_LOG_LINE_CHARS",
+    "MAX_WORLD_SIZE",
+    "NAME_PATTERN",
     "Ack",
     "Assignment",
     "AttemptPublic",
     "CheckpointPublic",
     "Count",
-    "DB_INT_MAX",
     "ExitCode",
     "HeartbeatRequest",
     "HeartbeatResponse",
@@ -84,11 +87,8 @@ __all__ = [
     "LogLine",
     "LogLinePublic",
     "LogsPublic",
-    "MAX_LOG_LINE_CHARS",
-    "MAX_WORLD_SIZE",
     "MetricPoint",
     "MetricsPublic",
-    "NAME_PATTERN",
     "NodePart",
     "NodePublic",
     "NodeRegistered",

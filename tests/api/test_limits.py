@@ -61,12 +61,14 @@ PREFLIGHT = {
 
 
 def test_cors_is_closed_unless_configured(tmp_path: Path) -> None:
-    with ThreadedServer(make_settings(tmp_path)) as server:
-        with httpx.Client(base_url=server.url) as client:
-            origin = {"Origin": "https://elsewhere.example"}
-            preflight = client.options("/jobs", headers={**origin, **PREFLIGHT})
-            assert "access-control-allow-origin" not in preflight.headers
-            assert "access-control-allow-origin" not in client.get("/jobs", headers=origin).headers
+    with (
+        ThreadedServer(make_settings(tmp_path)) as server,
+        httpx.Client(base_url=server.url) as client,
+    ):
+        origin = {"Origin": "https://elsewhere.example"}
+        preflight = client.options("/jobs", headers={**origin, **PREFLIGHT})
+        assert "access-control-allow-origin" not in preflight.headers
+        assert "access-control-allow-origin" not in client.get("/jobs", headers=origin).headers
 
 
 def test_configured_origins_may_call_with_a_token(tmp_path: Path) -> None:

@@ -257,7 +257,7 @@ def test_log_lines_are_kept_once_and_served_by_rank_tail_and_since(
     assert [x["text"] for x in logs(machine_id=1)["lines"]] == ["rank 2 on machine 1"]
     assert [x["text"] for x in logs(tail=2)["lines"]] == ["rank 0 again", "rank 2 on machine 1"]
     cursor = logs(limit=2)["next_since"]
-    assert [x["text"] for x in logs(since=cursor)["lines"]][0] == "launcher"
+    assert next(x["text"] for x in logs(since=cursor)["lines"]) == "launcher"
     assert logs(since=every["next_since"]) == {
         "lines": [],
         "next_since": every["next_since"],

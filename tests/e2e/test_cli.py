@@ -163,8 +163,20 @@ def test_a_kept_local_cluster_is_found_by_the_cli_and_stops_on_ctrl_c(
     # README's examples say localhost:8000: the default, where it is free.
     port = [] if port_free(KEPT_PORT) else ["--port", str(free_port())]
     with subprocess.Popen(
-        [sys.executable, "-m", "cli", "local-cluster", "--keep", "--workers", "2", *port]
-        + ["--data-dir", str(mnist_dir), "--state-dir", str(tmp_path / "state")],
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "local-cluster",
+            "--keep",
+            "--workers",
+            "2",
+            *port,
+            "--data-dir",
+            str(mnist_dir),
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -212,8 +224,19 @@ def test_a_kept_local_cluster_is_found_by_the_cli_and_stops_on_ctrl_c(
 
 def test_a_one_shot_local_cluster_prints_the_jobs_json(mnist_dir: Path, tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "cli", "local-cluster", "--json", "--max-steps-per-epoch", "5"]
-        + ["--data-dir", str(mnist_dir), "--state-dir", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "local-cluster",
+            "--json",
+            "--max-steps-per-epoch",
+            "5",
+            "--data-dir",
+            str(mnist_dir),
+            "--state-dir",
+            str(tmp_path),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -4,6 +4,7 @@ test-artifacts/reliability.jsonl (RELIABILITY.md quotes them)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -67,10 +68,8 @@ def rank_process(processes: list[psutil.Process], rank: int) -> psutil.Process:
 
 def kill_tree(process: psutil.Process) -> None:
     for p in [process, *process.children(recursive=True)]:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def progress_rows(cluster: LocalCluster, job_id: int) -> list[tuple[int, int, int, int]]:

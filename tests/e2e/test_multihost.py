@@ -106,7 +106,7 @@ def node_of(job: dict[str, Any], machine_id: int) -> dict[str, Any]:
 def test_a_2x1_job_trains_across_hosts_over_the_bridge(
     jobs: Jobs, three: tuple[TestHosts, LocalCluster]
 ) -> None:
-    hosts, cluster = three
+    hosts, _cluster = three
     steps = 30
     before = {name: hosts.bytes_moved(name) for name in hosts.names}
     job_id = jobs.submit(machines=2, processes=1, batch_size=64, max_steps_per_epoch=steps)
@@ -303,9 +303,23 @@ def test_local_cluster_on_test_hosts_runs_a_job_across_them_and_cleans_up(
     require_test_hosts()
     before = namespaces()
     done = subprocess.run(
-        [sys.executable, "-m", "cli", "local-cluster", "--hosts", "--link-mbit", "1000"]
-        + ["--machines", "2", "--max-steps-per-epoch", "10", "--data-dir", str(mnist_dir)]
-        + ["--state-dir", str(tmp_path / "state")],
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "local-cluster",
+            "--hosts",
+            "--link-mbit",
+            "1000",
+            "--machines",
+            "2",
+            "--max-steps-per-epoch",
+            "10",
+            "--data-dir",
+            str(mnist_dir),
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -116,11 +116,12 @@ def test_readmes_kept_cluster_and_curl_lines_work_as_written(
         assert cancelled["status"] in ("cancelled", "cancelling")
 
 
+@pytest.mark.timeout(900)  # every CLI line, the study and a one-shot cluster included
 def test_readmes_cli_lines_work_as_written(
     mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (block,) = shell_blocks(CLI)
-    with kept_cluster(mnist_dir, tmp_path, monkeypatch) as (env, found):
+    with kept_cluster(mnist_dir, tmp_path, monkeypatch) as (env, _found):
         # The second terminal activates this checkout's virtualenv.
         prelude = f"source {sys.prefix}/bin/activate"
         block = block.replace("source .venv/bin/activate\n", "")
@@ -133,6 +134,7 @@ def test_readmes_cli_lines_work_as_written(
     assert "job 1 succeeded" in shown  # the one-shot local cluster's own job
 
 
+@pytest.mark.timeout(900)  # a whole default study and two short ones
 def test_readmes_scaling_study_lines_work_as_written(
     mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

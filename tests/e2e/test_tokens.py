@@ -63,33 +63,36 @@ def test_a_job_runs_with_tokens_and_no_log_shows_them(mnist_dir: Path, tmp_path:
 def test_a_revoked_worker_stops_and_its_job_restarts_on_another(
     mnist_dir: Path, tmp_path: Path
 ) -> None:
-    with LocalCluster(
-        state_dir=tmp_path / "cluster", data_dir=mnist_dir, workers=2, tokens=TOKENS
-    ) as cluster:
-        with cluster.client() as client, cluster.client("admin") as admin:
-            jobs = Jobs(client)
-            job_id = jobs.submit(max_steps_per_epoch=400, max_restarts=1)
-            running = jobs.wait(job_id, lambda j: j["progress"] is not None, 60, "progress")
-            node = running["parts"][0]["node_name"]
-            node_id = running["parts"][0]["node_id"]
-            admin.post(f"/nodes/{node_id}/revoke").raise_for_status()
+    with (
+        LocalCluster(
+            state_dir=tmp_path / "cluster", data_dir=mnist_dir, workers=2, tokens=TOKENS
+        ) as cluster,
+        cluster.client() as client,
+        cluster.client("admin") as admin,
+    ):
+        jobs = Jobs(client)
+        job_id = jobs.submit(max_steps_per_epoch=400, max_restarts=1)
+        running = jobs.wait(job_id, lambda j: j["progress"] is not None, 60, "progress")
+        node = running["parts"][0]["node_name"]
+        node_id = running["parts"][0]["node_id"]
+        admin.post(f"/nodes/{node_id}/revoke").raise_for_status()
 
-            # Its daemon is refused, stops what it ran, and exits 3.
-            daemon = next(w for w in cluster.worker_processes if w.name == node)
-            assert daemon.process.wait(30) == 3
-            assert "revoked" in daemon.log_tail()
-            # A restart with the same credential and join token stays out.
-            again = cluster.start_worker(node)
-            assert again.process.wait(60) == 3
+        # Its daemon is refused, stops what it ran, and exits 3.
+        daemon = next(w for w in cluster.worker_processes if w.name == node)
+        assert daemon.process.wait(30) == 3
+        assert "revoked" in daemon.log_tail()
+        # A restart with the same credential and join token stays out.
+        again = cluster.start_worker(node)
+        assert again.process.wait(60) == 3
 
-            # The job went on, on the other node.
-            done = jobs.wait_done(job_id, timeout_s=180)
-            assert done["status"] == "succeeded", done["error"]
-            assert done["attempts"][0]["error"]["reason"] == "node_revoked"
-            assert done["parts"][0]["node_name"] != node
-            states = until(
-                lambda: {n["name"]: n["state"] for n in client.get("/nodes").json()},
-                5,
-                "the nodes",
-            )
-            assert states[node] == "revoked"
+        # The job went on, on the other node.
+        done = jobs.wait_done(job_id, timeout_s=180)
+        assert done["status"] == "succeeded", done["error"]
+        assert done["attempts"][0]["error"]["reason"] == "node_revoked"
+        assert done["parts"][0]["node_name"] != node
+        states = until(
+            lambda: {n["name"]: n["state"] for n in client.get("/nodes").json()},
+            5,
+            "the nodes",
+        )
+        assert states[node] == "revoked"

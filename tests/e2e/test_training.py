@@ -3,6 +3,7 @@ real torch.distributed process groups on the real MNIST files."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from typing import Any
@@ -169,7 +170,7 @@ def test_three_jobs_at_once_on_two_single_slot_nodes(jobs: Jobs) -> None:
     # A single-slot node never ran two parts at once.
     for node, spans in intervals.items():
         spans.sort()
-        for (_, end, first), (start, _, second) in zip(spans, spans[1:], strict=False):
+        for (_, end, first), (start, _, second) in itertools.pairwise(spans):
             assert end <= start, f"{node} ran jobs {first} and {second} at once"
 
 
