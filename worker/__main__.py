@@ -31,31 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="server URL [DDPO_SERVER_URL, default http://127.0.0.1:8000]",
     )
     parser.add_argument("--name", help="unique node name [DDPO_WORKER_NAME, default the host name]")
-    parser.add_argument(
-        "--address",
-        help="address other nodes reach this one at; used as MASTER_ADDR when "
-        "this node runs machine 0, and the ranks' collectives use the interface that "
-        "holds it [DDPO_WORKER_ADDRESS, default: the local address of the route to "
-        "the server, 127.0.0.1 when the server is on loopback]",
-    )
-    parser.add_argument(
-        "--interface",
-        help="network interface for the ranks' collectives (sets GLOO_SOCKET_IFNAME, "
-        "NCCL_SOCKET_IFNAME, TP_SOCKET_IFNAME unless already set) "
-        "[DDPO_WORKER_INTERFACE, default: the one holding --address]",
-    )
-    parser.add_argument(
-        "--cpus",
-        type=int,
-        help="cores this node's ranks share (threads per rank = cpus // processes) "
-        "[DDPO_WORKER_CPUS, default: the affinity mask and the cgroup CPU quota]",
-    )
-    parser.add_argument(
-        "--slots", type=int, help="job parts run at once [DDPO_WORKER_SLOTS, default 1]"
-    )
-    parser.add_argument(
-        "--gpus", type=int, help="GPUs offered [DDPO_WORKER_GPUS, default: counted]"
-    )
+    _add_network_arguments(parser)
+    _add_capacity_arguments(parser)
     parser.add_argument(
         "--data-dir", dest="data_dir", help="datasets directory [DDPO_DATA_DIR, default ./data]"
     )
@@ -83,6 +60,37 @@ def build_parser() -> argparse.ArgumentParser:
         "interfaces."
     )
     return parser
+
+
+def _add_network_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--address",
+        help="address other nodes reach this one at; used as MASTER_ADDR when "
+        "this node runs machine 0, and the ranks' collectives use the interface that "
+        "holds it [DDPO_WORKER_ADDRESS, default: the local address of the route to "
+        "the server, 127.0.0.1 when the server is on loopback]",
+    )
+    parser.add_argument(
+        "--interface",
+        help="network interface for the ranks' collectives (sets GLOO_SOCKET_IFNAME, "
+        "NCCL_SOCKET_IFNAME, TP_SOCKET_IFNAME unless already set) "
+        "[DDPO_WORKER_INTERFACE, default: the one holding --address]",
+    )
+
+
+def _add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cpus",
+        type=int,
+        help="cores this node's ranks share (threads per rank = cpus // processes) "
+        "[DDPO_WORKER_CPUS, default: the affinity mask and the cgroup CPU quota]",
+    )
+    parser.add_argument(
+        "--slots", type=int, help="job parts run at once [DDPO_WORKER_SLOTS, default 1]"
+    )
+    parser.add_argument(
+        "--gpus", type=int, help="GPUs offered [DDPO_WORKER_GPUS, default: counted]"
+    )
 
 
 def parse_settings(argv: list[str] | None = None) -> WorkerSettings:

@@ -168,12 +168,11 @@ def _run_ranks(config: runfiles.LaunchConfig, local_group: LocalGroup | None) ->
             ranks.join()
         return _could_not("rendezvous", FailureReason.RENDEZVOUS_FAILED, assignment.machine_id, exc)
 
-    first_rank = assignment.machine_id * processes
     try:
         while not ranks.join():
             pass
     except mp.ProcessRaisedException as exc:
-        rank = first_rank + exc.error_index
+        rank = assignment.rank_of(exc.error_index)
         reason = _classify(exc.msg)
         what = {
             FailureReason.PEER_FAILURE: "lost a peer",
@@ -188,7 +187,7 @@ def _run_ranks(config: runfiles.LaunchConfig, local_group: LocalGroup | None) ->
             traceback_tail=_tail(exc.msg),
         )
     except mp.ProcessExitedException as exc:
-        rank = first_rank + exc.error_index
+        rank = assignment.rank_of(exc.error_index)
         how = (
             f"was killed by {exc.signal_name}"
             if exc.signal_name

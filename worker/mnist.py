@@ -252,6 +252,24 @@ def wrap_ddp(model: nn.Module, spec: JobSpec, ctx: TrainContext) -> DistributedD
     )
 
 
+@dataclass(frozen=True)
+class Pace:
+    """How long an epoch is and how its samples are counted."""
+
+    batches_per_epoch: int
+    samples_per_batch: int  # over every rank
+    samples_per_epoch: int
+
+    @classmethod
+    def of(cls, spec: JobSpec, data: TrainData, world_size: int) -> Pace:
+        batches = data.batches_per_epoch
+        if spec.max_steps_per_epoch is not None:
+            batches = min(batches, spec.max_steps_per_epoch)
+        per_batch = spec.batch_size * world_size
+        # A cut-short epoch (max_steps_per_epoch) is as long as its batches.
+        return cls(batches, per_batch, min(len(data.sampler) * world_size, batches * per_batch))
+
+
 def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
     """The training loop every rank runs. ``dropout=False`` is for checking
     the maths across topologies (tests/e2e/trainers.py), not for users."""
@@ -262,60 +280,23 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
     ddp = wrap_ddp(model, spec, ctx)
     ctx.attach_comm_hook(ddp)
     optimizer = optim.Adadelta(ddp.parameters(), lr=spec.lr)
-    channels_last = spec.performance.channels_last
 
     first_epoch = 1
     if ctx.resume is not None:
         first_epoch = checkpoints.restore(ctx.resume, model, optimizer) + 1
-
-    batches_per_epoch = data.batches_per_epoch
-    if spec.max_steps_per_epoch is not None:
-        batches_per_epoch = min(batches_per_epoch, spec.max_steps_per_epoch)
-    samples_per_batch = spec.batch_size * ctx.world_size
-    # A cut-short epoch (max_steps_per_epoch) is as long as its batches.
-    samples_per_epoch = min(
-        len(data.sampler) * ctx.world_size, batches_per_epoch * samples_per_batch
-    )
+    pace = Pace.of(spec, data, ctx.world_size)
 
     train_started = perf_counter()
     epoch_seconds: list[float] = []
     last_epoch_loss = torch.zeros((), device=ctx.device)
     for epoch in range(first_epoch, spec.epochs + 1):
-        ddp.train()
-        epoch_started = window_started = perf_counter()
-        window_done = 0
-        epoch_loss = torch.zeros((), device=ctx.device)
-        for batch_idx, (images, target) in enumerate(data.epoch(epoch, ctx.device)):
-            if batch_idx >= batches_per_epoch:
-                break
-            if channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
-            loss = train_step(ddp, optimizer, images, target)
-            # Accumulate on the device: no host sync on batches we don't log.
-            epoch_loss += loss
-            done = batch_idx + 1
-            if ctx.is_master and (batch_idx % LOG_EVERY == 0 or done == batches_per_epoch):
-                now = perf_counter()
-                value = loss.item()
-                rate = (done - window_done) * samples_per_batch / max(now - window_started, 1e-9)
-                window_started, window_done = now, done
-                print(
-                    f"Train Epoch: {epoch} [{min(done * samples_per_batch, samples_per_epoch)}"
-                    f"/{samples_per_epoch} "
-                    f"({100.0 * done / batches_per_epoch:.0f}%)]\tLoss: {value:.6f}",
-                    flush=True,
-                )
-                ctx.report(
-                    epoch=epoch,
-                    batch=done,
-                    batches_per_epoch=batches_per_epoch,
-                    loss=value,
-                    samples_per_sec=rate,
-                )
+        epoch_started = perf_counter()
+        last_epoch_loss = train_epoch(
+            ctx, ddp, optimizer, data.epoch(epoch, ctx.device), epoch, pace
+        )
         epoch_seconds.append(perf_counter() - epoch_started)
-        last_epoch_loss = epoch_loss / batches_per_epoch
         ctx.checkpoint(
-            model=model, optimizer=optimizer, epoch=epoch, step=epoch * batches_per_epoch
+            model=model, optimizer=optimizer, epoch=epoch, step=epoch * pace.batches_per_epoch
         )
     train_seconds = perf_counter() - train_started
 
@@ -328,7 +309,7 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
     test_loss, accuracy = evaluate(model, spec, ctx.data_dir, ctx.device)
     eval_seconds = perf_counter() - eval_started
     print(f"Test set: average loss {test_loss:.4f}, accuracy {100 * accuracy:.2f}%", flush=True)
-    steps = len(epoch_seconds) * batches_per_epoch
+    steps = len(epoch_seconds) * pace.batches_per_epoch
     return TrainResult(
         train_loss=float(last_epoch_loss.item()),
         test_loss=test_loss,
@@ -337,8 +318,57 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
         train_seconds=round(train_seconds, 3),
         eval_seconds=round(eval_seconds, 3),
         epoch_seconds=[round(s, 3) for s in epoch_seconds],
-        samples_per_sec=round(steps * samples_per_batch / max(train_seconds, 1e-9), 1),
+        samples_per_sec=round(steps * pace.samples_per_batch / max(train_seconds, 1e-9), 1),
         threads_per_process=threads,
+    )
+
+
+def train_epoch(
+    ctx: TrainContext,
+    ddp: DistributedDataParallel,
+    optimizer: optim.Optimizer,
+    batches: Iterator[Batch],
+    epoch: int,
+    pace: Pace,
+) -> torch.Tensor:
+    """One epoch; its mean loss (rank 0 prints and reports every LOG_EVERY batches)."""
+    ddp.train()
+    channels_last = ctx.spec.performance.channels_last
+    window_started, window_done = perf_counter(), 0
+    epoch_loss = torch.zeros((), device=ctx.device)
+    for batch_idx, (images, target) in enumerate(batches):
+        if batch_idx >= pace.batches_per_epoch:
+            break
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        loss = train_step(ddp, optimizer, images, target)
+        # Accumulate on the device: no host sync on batches we don't log.
+        epoch_loss += loss
+        done = batch_idx + 1
+        if ctx.is_master and (batch_idx % LOG_EVERY == 0 or done == pace.batches_per_epoch):
+            now = perf_counter()
+            rate = (done - window_done) * pace.samples_per_batch / max(now - window_started, 1e-9)
+            window_started, window_done = now, done
+            log_step(ctx, epoch, done, loss.item(), rate, pace)
+    return epoch_loss / pace.batches_per_epoch
+
+
+def log_step(
+    ctx: TrainContext, epoch: int, done: int, loss: float, rate: float, pace: Pace
+) -> None:
+    """The recipe's progress line, and the same figures to the server."""
+    seen = min(done * pace.samples_per_batch, pace.samples_per_epoch)
+    print(
+        f"Train Epoch: {epoch} [{seen}/{pace.samples_per_epoch} "
+        f"({100.0 * done / pace.batches_per_epoch:.0f}%)]\tLoss: {loss:.6f}",
+        flush=True,
+    )
+    ctx.report(
+        epoch=epoch,
+        batch=done,
+        batches_per_epoch=pace.batches_per_epoch,
+        loss=loss,
+        samples_per_sec=rate,
     )
 
 

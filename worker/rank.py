@@ -39,14 +39,38 @@ def run_rank(
     torch.set_num_threads(threads_for(config))
     assignment = config.assignment
     spec = assignment.spec
-    rank = assignment.machine_id * spec.topology.num_processes + local_rank
+    rank = assignment.rank_of(local_rank)
     runfiles.capture_output(config.run_dir, rank)
-    world_size = spec.topology.world_size
+    device = join_group(config, local_rank)
+    report = runfiles.ProgressWriter(config.run_dir) if rank == 0 else None
+    try:
+        trainer = trainers.resolve(spec.trainer, config.trainers)
+        context = train_context(config, local_rank, device, started_at, report, local_group)
+        result = trainer.train(context)
+        if rank == 0 and result is not None:
+            runfiles.write_result(config.run_dir, result)
+    except BaseException:
+        # The launcher relays this too; printing it here puts it in the
+        # part's log with the rank that raised it.
+        print(f"rank {rank} failed:\n{traceback.format_exc()}", flush=True)
+        raise
+    finally:
+        if report is not None:
+            report.close()
+        dist.destroy_process_group()
+
+
+def join_group(config: runfiles.LaunchConfig, local_rank: int) -> torch.device:
+    """Wait for the rendezvous port, then join the job's process group as
+    torchrun's ranks do (its variables set); the device this rank trains on."""
+    assignment = config.assignment
+    spec = assignment.spec
+    rank = assignment.rank_of(local_rank)
     master_port = runfiles.await_rendezvous(config.run_dir, config.process_group_timeout_s)
     os.environ.update(
         MASTER_ADDR=assignment.master_addr,
         MASTER_PORT=str(master_port),
-        WORLD_SIZE=str(world_size),
+        WORLD_SIZE=str(assignment.world_size),
         RANK=str(rank),
         LOCAL_RANK=str(local_rank),
         LOCAL_WORLD_SIZE=str(spec.topology.num_processes),
@@ -61,48 +85,48 @@ def run_rank(
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-
     dist.init_process_group(
         spec.backend,
         init_method="env://",
-        world_size=world_size,
+        world_size=assignment.world_size,
         rank=rank,
         timeout=timedelta(seconds=config.process_group_timeout_s),
     )
-    report = runfiles.ProgressWriter(config.run_dir) if rank == 0 else None
-    try:
-        trainer = trainers.resolve(spec.trainer, config.trainers)
-        extra: dict[str, object] = {}
-        if rank == 0:
-            extra = {
-                "report": report,
-                "checkpoint": functools.partial(checkpoints.save, config.run_dir, spec=spec),
-            }
-        if local_group is not None:
-            extra["attach_comm_hook"] = functools.partial(
-                local_allreduce.attach, group=local_group, rank=rank, world_size=world_size
-            )
-        context = TrainContext(
-            spec=spec,
-            rank=rank,
-            local_rank=local_rank,
-            world_size=world_size,
-            machine_id=assignment.machine_id,
-            device=device,
-            data_dir=config.data_dir,
-            started_at=started_at,
-            resume=config.resume_from,
-            **extra,  # type: ignore[arg-type]
+    return device
+
+
+def train_context(
+    config: runfiles.LaunchConfig,
+    local_rank: int,
+    device: torch.device,
+    started_at: float,
+    report: runfiles.ProgressWriter | None,
+    local_group: local_allreduce.LocalGroup | None,
+) -> TrainContext:
+    """What the trainer gets: its place, its device, and (rank 0) where it
+    reports progress and writes checkpoints."""
+    assignment = config.assignment
+    spec = assignment.spec
+    rank = assignment.rank_of(local_rank)
+    extra: dict[str, object] = {}
+    if report is not None:
+        extra = {
+            "report": report,
+            "checkpoint": functools.partial(checkpoints.save, config.run_dir, spec=spec),
+        }
+    if local_group is not None:
+        extra["attach_comm_hook"] = functools.partial(
+            local_allreduce.attach, group=local_group, rank=rank, world_size=assignment.world_size
         )
-        result = trainer.train(context)
-        if rank == 0 and result is not None:
-            runfiles.write_result(config.run_dir, result)
-    except BaseException:
-        # The launcher relays this too; printing it here puts it in the
-        # part's log with the rank that raised it.
-        print(f"rank {rank} failed:\n{traceback.format_exc()}", flush=True)
-        raise
-    finally:
-        if report is not None:
-            report.close()
-        dist.destroy_process_group()
+    return TrainContext(
+        spec=spec,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=assignment.world_size,
+        machine_id=assignment.machine_id,
+        device=device,
+        data_dir=config.data_dir,
+        started_at=started_at,
+        resume=config.resume_from,
+        **extra,  # type: ignore[arg-type]
+    )

@@ -96,6 +96,10 @@ class Assignment(BaseModel):
     def world_size(self) -> int:
         return self.spec.topology.world_size
 
+    def rank_of(self, local_index: int) -> int:
+        """The global rank of this machine's ``local_index``-th process."""
+        return self.machine_id * self.spec.topology.num_processes + local_index
+
 
 class Rendezvous(BaseModel):
     part_id: int
