@@ -10,25 +10,7 @@ from sqlmodel import Session
 
 from api.core.errors import NotFound
 from api.lifecycle import JobStatus, study_status
-from api.schemas import (
-    AttemptPublic,
-    CheckpointPublic,
-    JobPublic,
-    JobSpec,
-    JobsPublic,
-    LogLinePublic,
-    LogsPublic,
-    MetricPoint,
-    MetricsPublic,
-    NodePart,
-    NodePublic,
-    PartPublic,
-    ProgressPublic,
-    StudiesPublic,
-    StudyPublic,
-    StudyRowPublic,
-    TimingPublic,
-)
+from api.schemas import JobSpec, public
 from db import queries
 from db.engine import Database
 from db.models import LAUNCHER_RANK, Attempt, Job, Node, Part, Study, utcnow
@@ -64,11 +46,11 @@ def job_public(
     attempts: list[Attempt],
     parts: list[tuple[Part, Node]],
     now: datetime,
-) -> JobPublic:
+) -> public.JobPublic:
     """``attempts``: all of the job's, oldest first; ``parts``: the current one's."""
     assert job.id is not None
     attempt = next((a for a in attempts if a.id == job.current_attempt_id), None)
-    return JobPublic(
+    return public.JobPublic(
         id=job.id,
         name=job.name,
         status=job.status,
@@ -84,7 +66,7 @@ def job_public(
         timing=_timing_public(job, now),
         result=job.result,
         error=job.error,
-        checkpoint=CheckpointPublic(
+        checkpoint=public.CheckpointPublic(
             epoch=job.checkpoint_epoch,
             size_bytes=job.checkpoint_bytes or 0,
             url=f"/jobs/{job.id}/model",
@@ -94,7 +76,7 @@ def job_public(
     )
 
 
-def _progress_public(job: Job, now: datetime) -> ProgressPublic | None:
+def _progress_public(job: Job, now: datetime) -> public.ProgressPublic | None:
     if job.progress_at is None or not job.progress_batches_per_epoch:
         return None
     epochs = job.spec.epochs
@@ -104,7 +86,7 @@ def _progress_public(job: Job, now: datetime) -> ProgressPublic | None:
         batches_per_epoch=job.progress_batches_per_epoch,
         epochs=epochs,
     )
-    return ProgressPublic(
+    return public.ProgressPublic(
         epoch=job.progress_epoch or 1,
         epochs=epochs,
         batch=job.progress_batch or 0,
@@ -121,10 +103,10 @@ def _progress_public(job: Job, now: datetime) -> ProgressPublic | None:
     )
 
 
-def _timing_public(job: Job, now: datetime) -> TimingPublic:
+def _timing_public(job: Job, now: datetime) -> public.TimingPublic:
     end = job.finished_at or now
     result = job.result
-    return TimingPublic(
+    return public.TimingPublic(
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
@@ -137,8 +119,8 @@ def _timing_public(job: Job, now: datetime) -> TimingPublic:
     )
 
 
-def _attempt_public(attempt: Attempt) -> AttemptPublic:
-    return AttemptPublic(
+def _attempt_public(attempt: Attempt) -> public.AttemptPublic:
+    return public.AttemptPublic(
         number=attempt.number,
         started_at=attempt.created_at,
         finished_at=attempt.finished_at,
@@ -147,8 +129,8 @@ def _attempt_public(attempt: Attempt) -> AttemptPublic:
     )
 
 
-def _part_public(part: Part, node: Node) -> PartPublic:
-    return PartPublic(
+def _part_public(part: Part, node: Node) -> public.PartPublic:
+    return public.PartPublic(
         machine_id=part.machine_id,
         node_id=node.id or 0,
         node_name=node.name,
@@ -163,7 +145,7 @@ def _part_public(part: Part, node: Node) -> PartPublic:
     )
 
 
-def _public_jobs(db_session: Session, jobs: list[Job]) -> list[JobPublic]:
+def _public_jobs(db_session: Session, jobs: list[Job]) -> list[public.JobPublic]:
     attempt_ids = [j.current_attempt_id for j in jobs if j.current_attempt_id is not None]
     attempts: dict[int, list[Attempt]] = defaultdict(list)
     for attempt in queries.attempts_of_jobs(
@@ -185,7 +167,7 @@ def _public_jobs(db_session: Session, jobs: list[Job]) -> list[JobPublic]:
     ]
 
 
-def read_job(*, db: Database, job_id: int) -> JobPublic:
+def read_job(*, db: Database, job_id: int) -> public.JobPublic:
     with db.read() as session:
         job = queries.get_job(session=session, job_id=job_id)
         if job is None:
@@ -193,7 +175,9 @@ def read_job(*, db: Database, job_id: int) -> JobPublic:
         return _public_jobs(session, [job])[0]
 
 
-def read_jobs(*, db: Database, status: JobStatus | None, limit: int, offset: int) -> JobsPublic:
+def read_jobs(
+    *, db: Database, status: JobStatus | None, limit: int, offset: int
+) -> public.JobsPublic:
     with db.read() as session:
         jobs, count = queries.list_jobs(
             session=session,
@@ -201,10 +185,10 @@ def read_jobs(*, db: Database, status: JobStatus | None, limit: int, offset: int
             limit=limit,
             offset=offset,
         )
-        return JobsPublic(data=_public_jobs(session, jobs), count=count)
+        return public.JobsPublic(data=_public_jobs(session, jobs), count=count)
 
 
-def read_metrics(*, db: Database, job_id: int, max_points: int) -> MetricsPublic:
+def read_metrics(*, db: Database, job_id: int, max_points: int) -> public.MetricsPublic:
     with db.read() as session:
         job = queries.get_job(session=session, job_id=job_id)
         if job is None:
@@ -219,10 +203,10 @@ def read_metrics(*, db: Database, job_id: int, max_points: int) -> MetricsPublic
         stride = len(rows) / max_points
         picked = [rows[int(i * stride)] for i in range(max_points - 1)] + [rows[-1]]
         rows = picked
-    return MetricsPublic(
+    return public.MetricsPublic(
         job_id=job_id,
         points=[
-            MetricPoint(
+            public.MetricPoint(
                 epoch=r.epoch,
                 batch=r.batch,
                 step=(r.epoch - 1) * r.batches_per_epoch + r.batch,
@@ -244,7 +228,7 @@ def read_logs(
     rank: int | None,
     limit: int,
     tail: bool,
-) -> LogsPublic:
+) -> public.LogsPublic:
     with db.read() as session:
         job = queries.get_job(session=session, job_id=job_id)
         if job is None:
@@ -258,9 +242,9 @@ def read_logs(
             limit=limit,
             newest=tail,
         )
-    return LogsPublic(
+    return public.LogsPublic(
         lines=[
-            LogLinePublic(
+            public.LogLinePublic(
                 id=r.id or 0,
                 machine_id=r.machine_id,
                 rank=None if r.rank == LAUNCHER_RANK else r.rank,
@@ -274,19 +258,19 @@ def read_logs(
     )
 
 
-def read_nodes(*, db: Database) -> list[NodePublic]:
+def read_nodes(*, db: Database) -> list[public.NodePublic]:
     with db.read() as session:
         nodes = queries.list_nodes(session=session)
         active = queries.active_parts_on_nodes(
             session=session, node_ids=[n.id for n in nodes if n.id is not None]
         )
-    by_node: dict[int, list[NodePart]] = defaultdict(list)
+    by_node: dict[int, list[public.NodePart]] = defaultdict(list)
     for part in active:
         by_node[part.node_id].append(
-            NodePart(job_id=part.job_id, machine_id=part.machine_id, status=part.status)
+            public.NodePart(job_id=part.job_id, machine_id=part.machine_id, status=part.status)
         )
     return [
-        NodePublic(
+        public.NodePublic(
             id=n.id or 0,
             name=n.name,
             address=n.address,
@@ -303,7 +287,7 @@ def read_nodes(*, db: Database) -> list[NodePublic]:
     ]
 
 
-def study_rows(jobs: list[Job], now: datetime) -> list[StudyRowPublic]:
+def study_rows(jobs: list[Job], now: datetime) -> list[public.StudyRowPublic]:
     """The scaling table: speedup and efficiency against the first row."""
     rows = []
     baseline: tuple[float, int] | None = None  # first row's training seconds, world size
@@ -315,7 +299,7 @@ def study_rows(jobs: list[Job], now: datetime) -> list[StudyRowPublic]:
             baseline = (training, world_size)
         speedup = round(baseline[0] / training, 3) if baseline and training else None
         rows.append(
-            StudyRowPublic(
+            public.StudyRowPublic(
                 job_id=job.id or 0,
                 status=job.status,
                 num_machines=spec.topology.num_machines,
@@ -340,7 +324,7 @@ def study_rows(jobs: list[Job], now: datetime) -> list[StudyRowPublic]:
     return rows
 
 
-def _public_studies(session: Session, studies: list[Study]) -> list[StudyPublic]:
+def _public_studies(session: Session, studies: list[Study]) -> list[public.StudyPublic]:
     jobs: dict[int, list[Job]] = defaultdict(list)
     for job in queries.jobs_of_studies(
         session=session, study_ids=[s.id for s in studies if s.id is not None]
@@ -348,11 +332,11 @@ def _public_studies(session: Session, studies: list[Study]) -> list[StudyPublic]
         if job.study_id is not None:
             jobs[job.study_id].append(job)
     now = utcnow()
-    public = []
+    answers = []
     for study in studies:
         mine = jobs.get(study.id or 0, [])
-        public.append(
-            StudyPublic(
+        answers.append(
+            public.StudyPublic(
                 id=study.id or 0,
                 name=study.name,
                 status=study_status(j.status for j in mine),
@@ -361,10 +345,10 @@ def _public_studies(session: Session, studies: list[Study]) -> list[StudyPublic]
                 rows=study_rows(mine, now),
             )
         )
-    return public
+    return answers
 
 
-def read_study(*, db: Database, study_id: int) -> StudyPublic:
+def read_study(*, db: Database, study_id: int) -> public.StudyPublic:
     with db.read() as session:
         study = queries.get_study(session=session, study_id=study_id)
         if study is None:
@@ -372,7 +356,7 @@ def read_study(*, db: Database, study_id: int) -> StudyPublic:
         return _public_studies(session, [study])[0]
 
 
-def read_studies(*, db: Database, limit: int, offset: int) -> StudiesPublic:
+def read_studies(*, db: Database, limit: int, offset: int) -> public.StudiesPublic:
     with db.read() as session:
         studies = queries.list_studies(session=session, limit=limit, offset=offset)
-        return StudiesPublic(data=_public_studies(session, studies))
+        return public.StudiesPublic(data=_public_studies(session, studies))

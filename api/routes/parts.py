@@ -41,15 +41,11 @@ def part_started(
 
 @endpoint(router, route_table.PART_RENDEZVOUS, response_model=Ack)
 def part_rendezvous(
-    part_id: PartId,
-    body: RendezvousBound,
-    core: CoreDep,
-    caller_node: CallerNodeDep,
+    part_id: PartId, body: RendezvousBound, core: CoreDep, caller_node: CallerNodeDep
 ) -> Ack:
     """Machine 0 reports the port its launcher's rendezvous store listens on."""
     acting_for(caller_node, body.node_id)
-    accepted = reports.record_rendezvous(core, part_id, body)
-    return Ack(accepted=accepted)
+    return Ack(accepted=reports.record_rendezvous(core, part_id, body))
 
 
 @endpoint(router, route_table.PART_PROGRESS, response_model=Ack)
@@ -69,14 +65,11 @@ def part_logs(part_id: PartId, body: LogBatch, core: CoreDep, caller_node: Calle
 
 @endpoint(router, route_table.PART_FINISH, response_model=Ack)
 def part_finished(
-    part_id: PartId,
-    body: PartFinished,
-    core: CoreDep,
-    caller_node: CallerNodeDep,
+    part_id: PartId, body: PartFinished, core: CoreDep, caller_node: CallerNodeDep
 ) -> Ack:
+    """The part's processes have exited: its outcome settles the job."""
     acting_for(caller_node, body.node_id)
-    accepted = reports.finish_part(core, part_id, body)
-    return Ack(accepted=accepted)
+    return Ack(accepted=reports.finish_part(core, part_id, body))
 
 
 @endpoint(
