@@ -27,6 +27,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if here in Path(item.path).parents:
             item.add_marker(pytest.mark.e2e)
 
+
 T = TypeVar("T")
 
 # Small enough to keep the suite quick, long enough for several progress reports.
