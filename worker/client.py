@@ -8,22 +8,7 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel
 
-from api.schemas import (
-    Ack,
-    HeartbeatRequest,
-    HeartbeatResponse,
-    LogBatch,
-    LogLine,
-    NodeRegistered,
-    NodeRegistration,
-    PartFinished,
-    PartStarted,
-    PollRequest,
-    PollResponse,
-    ProgressBatch,
-    ProgressReport,
-    RendezvousBound,
-)
+from api.schemas import protocol
 
 
 class ServerUnavailable(RuntimeError):
@@ -109,10 +94,12 @@ class ServerClient:
             )
         return response.json()
 
-    def register(self, registration: NodeRegistration, token: str | None) -> NodeRegistered:
+    def register(
+        self, registration: protocol.NodeRegistration, token: str | None
+    ) -> protocol.NodeRegistered:
         """Register presenting exactly ``token``: the node's credential, the
         join token, or nothing (a server without tokens)."""
-        return NodeRegistered.model_validate(
+        return protocol.NodeRegistered.model_validate(
             self._post("/nodes/register", registration, auth=_bearer(token))
         )
 
@@ -122,8 +109,8 @@ class ServerClient:
         active_part_ids: list[int],
         waiting_for_port: list[int],
         wait_s: float,
-    ) -> PollResponse:
-        request = PollRequest(
+    ) -> protocol.PollResponse:
+        request = protocol.PollRequest(
             active_part_ids=active_part_ids, waiting_for_port=waiting_for_port, wait_s=wait_s
         )
         try:
@@ -132,24 +119,27 @@ class ServerClient:
             if exc.status_code == 404:
                 raise NodeUnknown(str(exc)) from exc
             raise
-        return PollResponse.model_validate(data)
+        return protocol.PollResponse.model_validate(data)
 
     def heartbeat(self, node_id: int, active_part_ids: list[int]) -> list[int]:
         """The node is alive; the parts among ``active_part_ids`` to stop."""
         data = self._post(
-            f"/nodes/{node_id}/heartbeat", HeartbeatRequest(active_part_ids=active_part_ids)
+            f"/nodes/{node_id}/heartbeat",
+            protocol.HeartbeatRequest(active_part_ids=active_part_ids),
         )
-        return HeartbeatResponse.model_validate(data).stop
+        return protocol.HeartbeatResponse.model_validate(data).stop
 
     def started(self, part_id: int, node_id: int) -> bool:
-        ack = Ack.model_validate(
-            self._post(f"/parts/{part_id}/started", PartStarted(node_id=node_id))
+        ack = protocol.Ack.model_validate(
+            self._post(f"/parts/{part_id}/started", protocol.PartStarted(node_id=node_id))
         )
         return ack.accepted
 
     def rendezvous(self, part_id: int, node_id: int, master_port: int) -> bool:
-        body = RendezvousBound(node_id=node_id, master_port=master_port)
-        return Ack.model_validate(self._post(f"/parts/{part_id}/rendezvous", body)).accepted
+        body = protocol.RendezvousBound(node_id=node_id, master_port=master_port)
+        return protocol.Ack.model_validate(
+            self._post(f"/parts/{part_id}/rendezvous", body)
+        ).accepted
 
     def upload_checkpoint(self, part_id: int, node_id: int, epoch: int, path: Path) -> bool:
         try:
@@ -163,7 +153,9 @@ class ServerClient:
                 )
         except httpx.HTTPError as exc:
             raise ServerUnavailable(f"checkpoint upload: {exc!r}") from exc
-        return Ack.model_validate(self._check(f"/parts/{part_id}/checkpoint", response)).accepted
+        return protocol.Ack.model_validate(
+            self._check(f"/parts/{part_id}/checkpoint", response)
+        ).accepted
 
     def download_checkpoint(self, job_id: int, destination: Path) -> None:
         """The job's newest checkpoint, written whole to ``destination``."""
@@ -185,13 +177,13 @@ class ServerClient:
             raise ServerUnavailable(f"checkpoint download: {exc!r}") from exc
         os.replace(partial, destination)
 
-    def progress(self, part_id: int, node_id: int, reports: list[ProgressReport]) -> bool:
-        body = ProgressBatch(node_id=node_id, reports=reports)
-        return Ack.model_validate(self._post(f"/parts/{part_id}/progress", body)).accepted
+    def progress(self, part_id: int, node_id: int, reports: list[protocol.ProgressReport]) -> bool:
+        body = protocol.ProgressBatch(node_id=node_id, reports=reports)
+        return protocol.Ack.model_validate(self._post(f"/parts/{part_id}/progress", body)).accepted
 
-    def logs(self, part_id: int, node_id: int, lines: list[LogLine]) -> bool:
-        body = LogBatch(node_id=node_id, lines=lines)
-        return Ack.model_validate(self._post(f"/parts/{part_id}/logs", body)).accepted
+    def logs(self, part_id: int, node_id: int, lines: list[protocol.LogLine]) -> bool:
+        body = protocol.LogBatch(node_id=node_id, lines=lines)
+        return protocol.Ack.model_validate(self._post(f"/parts/{part_id}/logs", body)).accepted
 
-    def finish(self, part_id: int, report: PartFinished) -> bool:
-        return Ack.model_validate(self._post(f"/parts/{part_id}/finish", report)).accepted
+    def finish(self, part_id: int, report: protocol.PartFinished) -> bool:
+        return protocol.Ack.model_validate(self._post(f"/parts/{part_id}/finish", report)).accepted
