@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -21,7 +21,7 @@ from api.auth import AuthMiddleware, TokenBook
 from api.core.clock import tick
 from api.core.context import Core
 from api.core.errors import DomainError
-from api.lifecycle import IllegalTransition
+from api.lifecycle import IllegalTransition, PartStatus
 from api.limits import BodyLimitMiddleware
 from api.monitoring import LatencyMiddleware, make_registry
 from api.notifier import Notifier
@@ -40,7 +40,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     db = Database(settings.database_url)
     notifier = Notifier()
     core = Core(db, settings)
-    db.after_commit(lambda tables: _wake_polls(notifier, tables))
+    db.after_commit(lambda rows: _wake_polls(notifier, rows))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -123,10 +123,16 @@ def _uploads(method: str, path: str) -> bool:
 STALL_S = 0.5
 
 
-def _wake_polls(notifier: Notifier, tables: frozenset[type]) -> None:
-    """Wake the long-polls once a write that they may report has committed:
-    a part made, moved or stopped, or an attempt's rendezvous port known."""
-    if Part in tables or Attempt in tables:
+def _wake_polls(notifier: Notifier, rows: Sequence[object]) -> None:
+    """Wake the long-polls once a write that they report has committed: a
+    part assigned, asked to stop or ended, an attempt's rendezvous port
+    known. (A part that just started running is news to no poll: with many
+    nodes polling, waking them all for each start would cost more than the
+    start.)"""
+    if any(
+        isinstance(row, Attempt) or (isinstance(row, Part) and row.status is not PartStatus.RUNNING)
+        for row in rows
+    ):
         notifier.notify()
 
 

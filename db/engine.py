@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ class Database:
         # (see api/read_cache.py).
         self._writes: dict[type, int] = {}
         self._writes_lock = threading.Lock()
-        self._after_commit: list[Callable[[frozenset[type]], None]] = []
+        self._after_commit: list[Callable[[Sequence[object]], None]] = []
         self.is_sqlite = make_url(url).get_backend_name() == "sqlite"
         self.engine = _make_engine(url, self.is_sqlite)
         self._write_engine = self.engine.execution_options(ddpo_begin="IMMEDIATE")
@@ -42,9 +42,10 @@ class Database:
     def create_all(self) -> None:
         SQLModel.metadata.create_all(self.engine)
 
-    def after_commit(self, callback: Callable[[frozenset[type]], None]) -> None:
-        """Call ``callback`` with the tables a write transaction changed,
-        once it has committed (from the thread that committed it)."""
+    def after_commit(self, callback: Callable[[Sequence[object]], None]) -> None:
+        """Call ``callback`` with the rows a write transaction added, changed
+        or deleted, as they stand once it has committed (from the thread that
+        committed it)."""
         self._after_commit.append(callback)
 
     @contextmanager
@@ -56,21 +57,21 @@ class Database:
     def write(self) -> Iterator[Session]:
         """A transaction that commits on success and rolls back on error."""
         with Session(self._write_engine, expire_on_commit=False) as session:
-            touched: set[type] = set()
+            rows: list[object] = []
 
             def note(changed: Session, *_: object) -> None:
-                touched.update(type(row) for row in (*changed.new, *changed.deleted))
-                touched.update(type(row) for row in changed.dirty if changed.is_modified(row))
+                rows.extend((*changed.new, *changed.deleted))
+                rows.extend(row for row in changed.dirty if changed.is_modified(row))
 
             event.listen(session, "before_flush", note)
             with session.begin():
                 yield session
         with self._writes_lock:
-            for table in touched:
+            for table in {type(row) for row in rows}:
                 self._writes[table] = self._writes.get(table, 0) + 1
-        if touched:
+        if rows:
             for callback in self._after_commit:
-                callback(frozenset(touched))
+                callback(rows)
 
     def writes_to(self, tables: tuple[type, ...]) -> tuple[int, ...]:
         """How many committed transactions have changed each of these tables."""

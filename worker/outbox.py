@@ -112,7 +112,7 @@ class Outbox:
         except FileNotFoundError:
             return False  # replaced by a newer epoch's meanwhile: take that one next turn
         log.info(
-            "part %d: checkpoint of epoch %d sent (%d bytes) in %.1f s",
+            "part %d: checkpoint of epoch %d uploaded (%d bytes) in %.1f s",
             part_id,
             epoch,
             size,

@@ -114,6 +114,48 @@ def test_a_long_poll_is_woken_by_a_new_job(tmp_path: Path) -> None:
         assert [s["job_id"] for s in answers[0]["start"]] == [job_id]
 
 
+def held_poll(
+    client: httpx.Client, node: ProtocolNode, **poll: Any
+) -> tuple[threading.Thread, list[dict[str, Any]]]:
+    """A poll held open (30 s), running by the time this returns."""
+    answers: list[dict[str, Any]] = []
+    poller = threading.Thread(target=lambda: answers.append(node.poll(wait_s=30.0, **poll)))
+    polling_since = heartbeat(client, node.name)
+    poller.start()
+    wait_for(lambda: heartbeat(client, node.name) > polling_since, what="the poll to be waiting")
+    return poller, answers
+
+
+def test_a_long_poll_is_woken_by_its_rendezvous_port_and_by_a_cancel(tmp_path: Path) -> None:
+    with (
+        ThreadedServer(make_settings(tmp_path, **LONG_POLL)) as server,
+        httpx.Client(base_url=server.url, timeout=60) as client,
+    ):
+        a, b = ProtocolNode(client, "a"), ProtocolNode(client, "b")
+        job_id = submit(client, machines=2)
+        parts = {n.name: n.poll()["start"][0] for n in (a, b)}
+        first, other = sorted(parts.values(), key=lambda p: p["machine_id"])
+        zero, one = (a, b) if parts["a"] is first else (b, a)
+        # Machine 1 waits for the port; machine 0's launcher binds it.
+        poller, answers = held_poll(
+            client, one, active=[other["part_id"]], waiting_for_port=[other["part_id"]]
+        )
+        client.post(
+            f"/parts/{first['part_id']}/rendezvous",
+            json={"node_id": zero.node_id, "master_port": 29512},
+            headers=zero.headers,
+        ).raise_for_status()
+        poller.join(10)
+        assert not poller.is_alive(), "the poll was not woken by the rendezvous port"
+        assert answers[0]["rendezvous"] == [{"part_id": other["part_id"], "master_port": 29512}]
+
+        poller, answers = held_poll(client, zero, active=[first["part_id"]])
+        client.post(f"/jobs/{job_id}/cancel").raise_for_status()
+        poller.join(10)
+        assert not poller.is_alive(), "the poll was not woken by the cancel"
+        assert answers[0]["stop"] == [first["part_id"]]
+
+
 def test_cancel_stops_every_part_then_ends_cancelled(client: httpx.Client) -> None:
     a, b = ProtocolNode(client, "a"), ProtocolNode(client, "b")
     job_id = submit(client, machines=2)
