@@ -8,6 +8,7 @@ import logging
 import os
 
 import uvicorn
+from pydantic import ValidationError
 
 from api.main import create_app
 from api.settings import ServerSettings
@@ -44,7 +45,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if v is not None}
-    settings = ServerSettings(**overrides)
+    try:
+        settings = ServerSettings(**overrides)
+    except ValidationError as exc:
+        reasons = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        parser.exit(2, f"ddpo-server: {reasons}\n")
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -106,4 +106,39 @@ class ServerSettings(BaseSettings):
     def _check(self) -> ServerSettings:
         if self.poll_wait_s >= self.heartbeat_timeout_s:
             raise ValueError("DDPO_POLL_WAIT_S must be shorter than DDPO_HEARTBEAT_TIMEOUT_S")
+        _check_tokens(self.role_tokens)
         return self
+
+
+# 128 bits as URL-safe base64 (secrets.token_urlsafe(16)): a token anyone
+# could guess or try is no boundary.
+MIN_TOKEN_CHARS = 22
+TOKEN_VARIABLES = {
+    Role.ADMIN: "DDPO_ADMIN_TOKEN",
+    Role.USER: "DDPO_USER_TOKEN",
+    Role.READER: "DDPO_READ_TOKEN",
+    Role.JOIN: "DDPO_JOIN_TOKEN",
+}
+
+
+def _check_tokens(tokens: dict[Role, SecretStr | None]) -> None:
+    """Refuse a token too short to be secret, and one token for two roles
+    (the server could not tell which role its holder has)."""
+    seen: dict[str, Role] = {}
+    for role, token in tokens.items():
+        value = token.get_secret_value() if token is not None else ""
+        if not value:
+            continue
+        name = TOKEN_VARIABLES[role]
+        if len(value) < MIN_TOKEN_CHARS:
+            raise ValueError(
+                f"{name} is {len(value)} characters long: a token needs at least "
+                f"{MIN_TOKEN_CHARS} random ones (128 bits); make one with python -c "
+                "'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        if value in seen:
+            raise ValueError(
+                f"{TOKEN_VARIABLES[seen[value]]} and {name} are the same token: "
+                "each role needs a token of its own"
+            )
+        seen[value] = role

@@ -24,10 +24,10 @@ from tests.api.conftest import ProtocolNode, ThreadedServer, bearer, make_settin
 from tests.conftest import REPO
 
 TOKENS = {
-    Role.ADMIN: "admin-3f1c9a7e5b",
-    Role.USER: "user-8d2e4b6a0c",
-    Role.READER: "read-5a7c9e1b3d",
-    Role.JOIN: "join-2b4d6f8a0e",
+    Role.ADMIN: "admin-3f1c9a7e5b-Qm8s2Kx7vR",
+    Role.USER: "user-8d2e4b6a0c-Lp4w9Zt1nJ",
+    Role.READER: "read-5a7c9e1b3d-Hc6y3Ub5mW",
+    Role.JOIN: "join-2b4d6f8a0e-Fg2q7Ne4kT",
 }
 # Callers with no valid token, and what they send.
 STRANGERS = {
@@ -222,3 +222,30 @@ def test_the_server_will_not_serve_a_network_without_tokens() -> None:
     assert done.returncode == 2
     assert "refusing to serve on 0.0.0.0" in done.stderr
     assert "DDPO_ADMIN_TOKEN" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "tokens,named",
+    [
+        ({"DDPO_ADMIN_TOKEN": "x"}, ["DDPO_ADMIN_TOKEN is 1 characters long"]),
+        (
+            {"DDPO_USER_TOKEN": TOKENS[Role.USER], "DDPO_JOIN_TOKEN": TOKENS[Role.USER]},
+            ["DDPO_USER_TOKEN and DDPO_JOIN_TOKEN are the same token"],
+        ),
+    ],
+)
+def test_a_weak_or_shared_token_stops_the_server_at_start(
+    tokens: dict[str, str], named: list[str]
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPO_") or "TOKEN" not in k}
+    done = subprocess.run(
+        [sys.executable, "-m", "api", "--port", str(free_port())],
+        env={**env, **tokens, "PYTHONPATH": str(REPO), "DATABASE_URL": "sqlite:///:memory:"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    for words in named:
+        assert words in done.stderr
+    assert "Traceback" not in done.stderr

@@ -73,7 +73,7 @@ def test_cors_is_closed_unless_configured(tmp_path: Path) -> None:
 
 def test_configured_origins_may_call_with_a_token(tmp_path: Path) -> None:
     settings = make_settings(
-        tmp_path, cors_origins="https://dash.example", read_token="read-1b3d5f"
+        tmp_path, cors_origins="https://dash.example", read_token="read-1b3d5f-Tn8c2Wm6Qa4z"
     )
     with ThreadedServer(settings) as server, httpx.Client(base_url=server.url) as client:
         allowed = {"Origin": "https://dash.example"}
@@ -81,7 +81,9 @@ def test_configured_origins_may_call_with_a_token(tmp_path: Path) -> None:
         assert preflight.status_code == 200
         assert preflight.headers["access-control-allow-origin"] == "https://dash.example"
         assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
-        read = client.get("/jobs", headers={**allowed, "Authorization": "Bearer read-1b3d5f"})
+        read = client.get(
+            "/jobs", headers={**allowed, "Authorization": "Bearer read-1b3d5f-Tn8c2Wm6Qa4z"}
+        )
         assert read.status_code == 200
         assert read.headers["access-control-allow-origin"] == "https://dash.example"
         other = {"Origin": "https://elsewhere.example"}

@@ -12,7 +12,9 @@ import pytest
 
 from tests.api.conftest import ProtocolNode, ThreadedServer, bearer, make_settings, wait_for
 
-ADMIN, USER, JOIN = "admin-7c1e9a3b", "user-4f6b2d8e", "join-9a5c1e7f"
+ADMIN = "admin-7c1e9a3b-Rw5t8Yq2Lm"
+USER = "user-4f6b2d8e-Kd3n6Vb9Xs"
+JOIN = "join-9a5c1e7f-Pz1h4Gj7Ce"
 
 
 @pytest.fixture
