@@ -27,23 +27,32 @@ def _folder(settings: ServerSettings, job_id: int) -> Path:
     return settings.artifacts_dir / f"job-{job_id}"
 
 
-def check_upload(core: Core, part_id: int, node_id: int) -> None:
-    """Refuse an upload before its bytes are read: wrong node, not machine 0."""
+def check_upload(core: Core, part_id: int, node_id: int, epoch: int) -> None:
+    """Refuse an upload before its bytes are read: wrong node, not machine 0,
+    an epoch the job does not have."""
     with core.db.read() as session:
         part = lookup.owned_part(session, part_id, node_id)
         if part.machine_id != 0:
             raise Conflict(f"part {part_id} is machine {part.machine_id}; rank 0 is on machine 0")
+        epochs = lookup.job(session, part.job_id).spec.epochs
+        if epoch > epochs:
+            raise Conflict(f"epoch: job {part.job_id} has {epochs} epoch(s), not {epoch}")
 
 
 def keep_checkpoint(
     core: Core, part_id: int, node_id: int, epoch: int, staged: Path, size: int
 ) -> bool:
-    """Keep an uploaded checkpoint (a staged file) as the job's newest."""
+    """Keep an uploaded checkpoint (a staged file) as the job's newest: only
+    from the current attempt of a job that has not ended (a finished job's
+    final model stays what it was), and never older than the one kept."""
     with core.db.write() as session:
         part = lookup.owned_part(session, part_id, node_id)
         job = lookup.job(session, part.job_id, for_update=True)
-        if job.current_attempt_id != part.attempt_id or (
-            job.checkpoint_epoch is not None and epoch < job.checkpoint_epoch
+        if (
+            job.current_attempt_id != part.attempt_id
+            or job.status.is_terminal()
+            or part.status.is_terminal()
+            or (job.checkpoint_epoch is not None and epoch < job.checkpoint_epoch)
         ):
             staged.unlink(missing_ok=True)
             return False

@@ -106,16 +106,27 @@ def record_progress(core: Core, part_id: int, batch: ProgressBatch) -> bool:
 
 def record_logs(core: Core, part_id: int, batch: LogBatch) -> bool:
     """Store the lines not stored yet. Lines of an attempt that is no
-    longer current are kept too (they explain what happened to it),
-    except from a part that was lost."""
+    longer current are kept too (they explain what happened to it), until
+    its part has ended: a part's lines all come before its finish report."""
     core.sightings.saw(batch.node_id)
     with core.db.write() as session:
         part = lookup.owned_part(session, part_id, batch.node_id)
-        if part.status is PartStatus.LOST:
-            # Its node was silent and its work given away: what the node
-            # says now comes from ranks that ran on, cut off, and is not
-            # part of any attempt's record.
+        if part.status.is_terminal():
+            # Finished, or lost: its node was silent and its work given
+            # away, and what the node says now comes from ranks that ran on,
+            # cut off. Neither is part of any attempt's record.
             return False
+        job = lookup.job(session, part.job_id)
+        ranks = range(
+            part.machine_id * job.spec.topology.num_processes,
+            (part.machine_id + 1) * job.spec.topology.num_processes,
+        )
+        strays = sorted({line.rank for line in batch.lines if line.rank is not None} - set(ranks))
+        if strays:
+            raise Conflict(
+                f"lines.rank: machine {part.machine_id} of job {part.job_id} has ranks "
+                f"{ranks.start}-{ranks.stop - 1}, not {', '.join(map(str, strays))}"
+            )
         seen = queries.known_log_offsets(
             session=session,
             attempt_id=part.attempt_id,

@@ -97,7 +97,7 @@ async def upload_checkpoint(
     """Rank 0's checkpoint after ``epoch``, as the raw bytes torch.save wrote.
     The newest one is served at ``GET /jobs/{id}/model``."""
     acting_for(caller_node, node_id)
-    await run_in_threadpool(artifacts.check_upload, core, part_id, node_id)
+    await run_in_threadpool(artifacts.check_upload, core, part_id, node_id, epoch)
     limit = settings.max_checkpoint_mb * 2**20
     staged = artifacts.staging_path(settings)
     size = 0

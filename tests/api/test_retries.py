@@ -192,3 +192,53 @@ def test_the_same_idempotency_key_returns_the_same_job(quick: httpx.Client) -> N
     assert other.status_code == 409 and "different spec" in other.json()["detail"]
     assert quick.post("/jobs", json=body).status_code == 201  # no key: a new job
     assert quick.get("/jobs").json()["count"] == 2
+
+
+def send_logs(node: ProtocolNode, part_id: int, *ranks: int | None) -> httpx.Response:
+    lines = [
+        {"rank": rank, "offset": 100 * i, "text": f"late {rank}", "at": "2026-12-01T00:00:00Z"}
+        for i, rank in enumerate(ranks)
+    ]
+    return node.client.post(
+        f"/parts/{part_id}/logs", json={"node_id": node.node_id, "lines": lines}
+    )
+
+
+def test_once_a_job_has_ended_its_nodes_change_neither_its_model_nor_its_logs(
+    quick: httpx.Client,
+) -> None:
+    node = ProtocolNode(quick, "a")
+    job_id = submit(quick, epochs=2)
+    part_id = started(node)["part_id"]
+    assert upload_checkpoint(node, part_id, 2, b"the final model")
+    assert send_logs(node, part_id, 0, None).json() == {"accepted": True}
+    node.finish(part_id, "succeeded", exit_code=0).raise_for_status()
+    assert job(quick, job_id)["status"] == "succeeded"
+
+    assert not upload_checkpoint(node, part_id, 2, b"something else")
+    assert quick.get(f"/jobs/{job_id}/model").content == b"the final model"
+    assert job(quick, job_id)["checkpoint"]["epoch"] == 2
+    assert send_logs(node, part_id, 0).json() == {"accepted": False}
+    texts = [line["text"] for line in quick.get(f"/jobs/{job_id}/logs").json()["lines"]]
+    assert texts == ["late 0", "late None"]
+
+
+def test_an_epoch_or_a_rank_the_job_does_not_have_is_refused(quick: httpx.Client) -> None:
+    node = ProtocolNode(quick, "a")
+    job_id = submit(quick, epochs=2, processes=2)
+    part_id = started(node)["part_id"]
+    beyond = node.client.put(
+        f"/parts/{part_id}/checkpoint",
+        params={"node_id": node.node_id, "epoch": 3},
+        content=b"epoch three of two",
+        headers={"content-type": "application/octet-stream"},
+    )
+    assert beyond.status_code == 409
+    assert beyond.json()["detail"] == f"epoch: job {job_id} has 2 epoch(s), not 3"
+    stray = send_logs(node, part_id, 1, 2, 7)
+    assert stray.status_code == 409
+    assert stray.json()["detail"] == (
+        f"lines.rank: machine 0 of job {job_id} has ranks 0-1, not 2, 7"
+    )
+    assert quick.get(f"/jobs/{job_id}/logs").json()["lines"] == []  # none of the batch kept
+    assert job(quick, job_id)["checkpoint"] is None
