@@ -7,9 +7,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
@@ -167,7 +167,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
             offset = loc[1] if len(loc) > 1 else ""
             where = int(offset) + 1 if offset.isdigit() else "?"  # counted from 1
             reason = (error.get("ctx") or {}).get("error", "")
-            detail.append({**error, "msg": f"body: not valid JSON at character {where}: {reason}"})
+            detail.append(_echoable(error, f"body: not valid JSON at character {where}: {reason}"))
             continue
         # Drop where it came from ("body", "query", "path"): the name is what helps.
         if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
@@ -175,8 +175,27 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         field = ".".join(loc) or "body"
         if loc == ["body"] and "json" not in content_type:
             msg += " (send the body as JSON, with content-type: application/json)"
-        detail.append({**error, "msg": f"{field}: {msg}"})
-    return JSONResponse(status_code=422, content={"detail": jsonable_encoder(detail)})
+        detail.append(_echoable(error, f"{field}: {msg}"))
+    return JSONResponse(status_code=422, content={"detail": detail})
+
+
+def _echoable(error: Any, msg: str) -> dict[str, Any]:
+    """A validation error as it can always go back as JSON: its type, where,
+    the message and the constraint, as text. The rejected input is not
+    echoed: it may not be encodable (a number beyond a float, a lone
+    surrogate), and the client has it anyway."""
+    ctx = error.get("ctx")
+    return {
+        "type": _text(error.get("type", "")),
+        "loc": [part if isinstance(part, int) else _text(part) for part in error.get("loc", ())],
+        "msg": _text(msg),
+        **({"ctx": {_text(k): _text(v) for k, v in ctx.items()}} if ctx else {}),
+    }
+
+
+def _text(value: object) -> str:
+    """``value`` as a string any JSON encoder takes (lone surrogates escaped)."""
+    return str(value).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 async def _illegal_transition(request: Request, exc: Exception) -> JSONResponse:

@@ -282,7 +282,10 @@ class LogReader:
             budget -= end
             offset = start
             for raw in chunk[:end].splitlines(keepends=True):
-                text = raw.rstrip(b"\r\n").decode("utf-8", errors="replace")
+                # NUL is a byte a program may print but no database stores.
+                text = (
+                    raw.rstrip(b"\r\n").decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+                )
                 if len(text) > MAX_LOG_LINE_CHARS:
                     text = text[:MAX_LOG_LINE_CHARS] + " [line cut]"
                 lines.append(LogLine(rank=rank, offset=offset, text=text, at=now))

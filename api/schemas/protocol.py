@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from api.failures import FailureReason
 from api.schemas.spec import JobSpec, TrainResult
-from api.schemas.strict import DB_INT_MAX, MAX_WORLD_SIZE, NAME_PATTERN, Count, ExitCode, Id, Strict
+from api.schemas.strict import (
+    DB_INT_MAX,
+    MAX_WORLD_SIZE,
+    NAME_PATTERN,
+    Count,
+    ExitCode,
+    Id,
+    Strict,
+    Timestamp,
+)
 
 
 class ProgressReport(Strict):
@@ -21,7 +29,7 @@ class ProgressReport(Strict):
     batches_per_epoch: int = Field(ge=1, le=DB_INT_MAX)
     loss: float | None = Field(None, description="Non-finite (diverged) losses read as null")
     samples_per_sec: float | None = Field(None, ge=0, allow_inf_nan=False)
-    at: datetime
+    at: Timestamp
 
 
 class NodeRegistration(Strict):
@@ -141,7 +149,7 @@ class LogLine(Strict):
     rank: int | None = Field(None, ge=0, le=DB_INT_MAX)
     offset: int = Field(ge=0, le=2**62)
     text: str = Field(max_length=MAX_LOG_LINE_CHARS + 100)
-    at: datetime
+    at: Timestamp
 
 
 class LogBatch(Strict):

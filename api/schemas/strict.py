@@ -4,11 +4,18 @@ database's columns."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 
 # A job spec is data with bounds: nothing in it is executed or used as a path.
 MAX_WORLD_SIZE = 256
@@ -18,6 +25,26 @@ DB_INT_MAX = 2**63 - 1
 Id = Annotated[int, Field(ge=1, le=DB_INT_MAX)]
 Count = Annotated[int, Field(ge=0, le=DB_INT_MAX)]
 ExitCode = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+
+# A report's time: any zone, but within years the database and every
+# conversion to UTC handle (the ends of the calendar overflow).
+EARLIEST, LATEST = (
+    datetime(2000, 1, 1, tzinfo=timezone.utc),
+    datetime(9000, 1, 1, tzinfo=timezone.utc),
+)
+
+
+def _in_reach(value: datetime) -> datetime:
+    try:
+        utc = value.astimezone(timezone.utc) if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    except OverflowError:
+        raise ValueError("a time at the end of the calendar") from None
+    if not EARLIEST <= utc < LATEST:
+        raise ValueError(f"a time outside {EARLIEST.year}-{LATEST.year}")
+    return utc
+
+
+Timestamp = Annotated[datetime, AfterValidator(_in_reach)]
 
 
 class Strict(BaseModel):
@@ -33,7 +60,14 @@ class Strict(BaseModel):
         # Strings, objects and nulls are pydantic's to judge; only numbers,
         # booleans and arrays can be the wrong JSON type here. (Specs read
         # back from the database go through this too: keep it cheap.)
-        if info.field_name is not None and not isinstance(value, str | dict | None):
+        if isinstance(value, str):
+            if "\x00" in value:
+                # PostgreSQL cannot store it, and no name or address holds one.
+                raise ValueError("a NUL character, which no string here may hold")
+            return value
+        if isinstance(value, list) and any(isinstance(v, str) and "\x00" in v for v in value):
+            raise ValueError("a NUL character, which no string here may hold")
+        if info.field_name is not None and not isinstance(value, dict | None):
             wanted = cls.model_fields[info.field_name].annotation
             if not _fits(wanted, value):
                 raise ValueError(f"{_kind(value)} where the schema wants {_name(wanted)}")

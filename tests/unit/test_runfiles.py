@@ -27,3 +27,9 @@ def test_atomic_write_replaces_whole_files(tmp_path: Path) -> None:
     runfiles.write_atomically(target, "new")
     assert target.read_text() == "new"
     assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
+
+
+def test_log_lines_carry_no_nul_the_server_would_refuse(tmp_path: Path) -> None:
+    runfiles.rank_log(tmp_path, 3).write_bytes(b"before\x00after\nnext\n")
+    lines = runfiles.LogReader(tmp_path).read_new()
+    assert [(line.rank, line.text) for line in lines] == [(3, "before\ufffdafter"), (3, "next")]
