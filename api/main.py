@@ -21,6 +21,7 @@ from api.auth import AuthMiddleware, TokenBook
 from api.core.clock import tick
 from api.core.context import Core
 from api.core.errors import DomainError
+from api.head import HeadAsGet
 from api.lifecycle import IllegalTransition, PartStatus
 from api.limits import BodyLimitMiddleware
 from api.monitoring import LatencyMiddleware, make_registry
@@ -98,7 +99,7 @@ class _Orchestrator(FastAPI):
         cached = ReadCacheMiddleware(
             super().build_middleware_stack(), self.state.read_cache, self.state.latency
         )
-        capped = BodyLimitMiddleware(cached, settings.max_body_kb * 1024, _uploads)
+        capped = BodyLimitMiddleware(HeadAsGet(cached), settings.max_body_kb * 1024, _uploads)
         guarded: ASGIApp = AuthMiddleware(
             capped, self.state.tokens, saw=self.state.core.sightings.saw
         )

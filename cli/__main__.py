@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from cli import commands, local_cluster, studies
 from cli.api import DEFAULT_SERVER, CliError
+from cli.terminal import shown
 
 
 class Parser(argparse.ArgumentParser):
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args))
     except CliError as exc:
-        print(f"ddpo {args.command}: {exc}", file=sys.stderr)
+        print(shown(f"ddpo {args.command}: {exc}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

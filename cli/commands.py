@@ -14,6 +14,7 @@ from api.schemas import JobPublic, JobsPublic, LogLinePublic, LogsPublic, NodePu
 from cli import render
 from cli.api import DEFAULT_SERVER, Api, CliError, riding_out_restarts, server_url, token_for
 from cli.jobs import add_spec_arguments, follow, spec_from_args, submit_once
+from cli.terminal import shown
 
 ENVIRONMENT = (
     "Environment: DDPO_SERVER, the server's URL (default "
@@ -90,7 +91,7 @@ def run_submit(args: argparse.Namespace) -> int:
                 _print_json(job.model_dump(mode="json"))
             else:
                 why = f": {job.pending_reason}" if job.pending_reason else ""
-                print(f"{said} ({job.status.value}{why})")
+                print(shown(f"{said} ({job.status.value}{why})"))
             return 0
         if not args.json:
             print(said, flush=True)
@@ -182,9 +183,9 @@ def add_logs(commands: Any) -> None:
 
 def _log_line(line: LogLinePublic, prefixed: bool) -> str:
     if not prefixed:
-        return line.text
+        return shown(line.text)
     source = f"rank {line.rank}" if line.rank is not None else "launcher"
-    return f"[m{line.machine_id} {source}] {line.text}"
+    return shown(f"[m{line.machine_id} {source}] {line.text}")
 
 
 def _check_rank(api: Api, job_id: int, rank: int) -> None:

@@ -1,12 +1,28 @@
-"""How a job looks in a terminal."""
+"""How a job looks in a terminal: every function here returns text with
+the server's strings shown safe (cli/terminal.py)."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from datetime import datetime, timezone
+from typing import ParamSpec
 
 from api.schemas import JobPublic, JobsPublic, NodePublic, StudyPublic
+from cli.terminal import shown
+
+P = ParamSpec("P")
 
 
+def _for_terminal(render: Callable[P, str]) -> Callable[P, str]:
+    @functools.wraps(render)
+    def safe(*args: P.args, **kwargs: P.kwargs) -> str:
+        return shown(render(*args, **kwargs))
+
+    return safe
+
+
+@_for_terminal
 def progress_line(job: JobPublic, width: int = 30) -> str:
     if job.progress is None:
         where = ", ".join(f"m{p.machine_id}@{p.node_name}:{p.status.value}" for p in job.parts)
@@ -39,6 +55,7 @@ def duration(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
+@_for_terminal
 def jobs_table(jobs: JobsPublic) -> str:
     lines = [
         f"{'id':>5}  {'status':<10} {'topology':<9} {'batch':>5} {'epochs':>6} "
@@ -63,6 +80,7 @@ def jobs_table(jobs: JobsPublic) -> str:
     return "\n".join(lines)
 
 
+@_for_terminal
 def nodes_table(nodes: list[NodePublic]) -> str:
     now = datetime.now(timezone.utc)
     lines = [
@@ -85,6 +103,7 @@ def _s(value: float | None) -> str:
     return f"{value:.1f} s" if value is not None else "-"
 
 
+@_for_terminal
 def summary(job: JobPublic) -> str:
     t = job.timing
     topology = job.spec.topology
@@ -120,6 +139,7 @@ def _f(value: float | None, fmt: str) -> str:
     return format(value, fmt) if value is not None else "-"
 
 
+@_for_terminal
 def study_table(study: StudyPublic) -> str:
     spec = study.spec
     lines = [

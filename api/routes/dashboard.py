@@ -21,6 +21,18 @@ STATIC = {
 
 router = APIRouter(include_in_schema=False)
 
+# The pages keep a token in the browser's storage: they load nothing from
+# elsewhere, may not be framed, and their files are what they say they are.
+# (Inline style attributes stay allowed: the app's markup and plotly use them.)
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; "
+    "style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; connect-src 'self'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+
 
 def _plotly_js() -> Path:
     import plotly
@@ -36,10 +48,10 @@ def root() -> RedirectResponse:
 @endpoint(router, route_table.DASHBOARD_STATIC)
 def static(name: str) -> FileResponse:
     if name == "plotly.min.js":
-        return FileResponse(_plotly_js(), media_type="text/javascript")
+        return FileResponse(_plotly_js(), media_type="text/javascript", headers=PAGE_HEADERS)
     if name not in STATIC:
         raise HTTPException(404, f"no dashboard file {name!r}")
-    return FileResponse(ASSETS / name, media_type=STATIC[name])
+    return FileResponse(ASSETS / name, media_type=STATIC[name], headers=PAGE_HEADERS)
 
 
 @endpoint(router, route_table.DASHBOARD)
@@ -47,4 +59,4 @@ def static(name: str) -> FileResponse:
 def page(page: str = "jobs") -> FileResponse:
     """Every page is the same shell; its script renders what the path names
     (jobs, jobs/<id>, submit, nodes)."""
-    return FileResponse(ASSETS / "index.html", media_type="text/html")
+    return FileResponse(ASSETS / "index.html", media_type="text/html", headers=PAGE_HEADERS)

@@ -140,3 +140,28 @@ def test_a_model_that_is_not_there_says_why(client: httpx.Client) -> None:
         ended
         == f"job {job['id']} has no checkpoint: it ended (cancelled) before its first epoch did"
     )
+
+
+def test_head_answers_every_get_route_as_get_does_without_the_body(
+    client: httpx.Client,
+) -> None:
+    job = submit(client)
+    for path in ("/healthz", "/jobs", f"/jobs/{job['id']}", "/jobs/999", "/nodes", "/ui/jobs/1"):
+        got, head = client.get(path), client.head(path)
+        assert head.status_code == got.status_code, path
+        assert head.content == b""
+        assert head.headers["content-type"] == got.headers["content-type"]
+    assert client.head(f"/jobs/{job['id']}/cancel").status_code == 405
+
+
+def test_the_dashboards_files_come_with_headers_that_fence_the_page(
+    client: httpx.Client,
+) -> None:
+    for path in ("/ui/jobs", "/ui/jobs/1", "/ui/static/app.js", "/ui/static/plotly.min.js"):
+        headers = client.get(path).headers
+        policy = headers["content-security-policy"]
+        assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy, path
+        assert "script-src 'self';" in policy  # no inline or foreign scripts
+        assert headers["x-content-type-options"] == "nosniff"
+        assert headers["x-frame-options"] == "DENY"
+        assert headers["referrer-policy"] == "no-referrer"

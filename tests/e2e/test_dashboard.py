@@ -45,11 +45,18 @@ def page() -> Iterator[Any]:
         tab = browser.new_page(viewport={"width": 1366, "height": 768})
         errors: list[str] = []
         tab.on("pageerror", lambda error: errors.append(str(error)))
+        # What the page's Content-Security-Policy blocked, if anything.
+        tab.on(
+            "console",
+            lambda message: (
+                errors.append(message.text) if "Content Security Policy" in message.text else None
+            ),
+        )
         try:
             yield tab
         finally:
             browser.close()
-        assert errors == [], f"script errors on the page: {errors}"
+        assert errors == [], f"script errors or blocked content on the page: {errors}"
 
 
 def badge(page: Any) -> str:
