@@ -90,6 +90,30 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
 
 class _Orchestrator(FastAPI):
+    def openapi(self) -> dict[str, Any]:
+        """FastAPI's document, with the bearer scheme on every route that
+        needs a token (from the route table), so /docs can send one."""
+        if self.openapi_schema is None:
+            document = super().openapi()
+            document.setdefault("components", {})["securitySchemes"] = {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A role's token (README, Tokens and roles), or a "
+                    "node's own credential",
+                },
+            }
+            for path, operations in document.get("paths", {}).items():
+                for method, operation in operations.items():
+                    route = route_table.find(method.upper(), path)
+                    if route is not None and route.roles:
+                        operation["security"] = [{"bearer": []}]
+                        roles = ", ".join(sorted(role.value for role in route.roles))
+                        operation["description"] = (
+                            f"{operation.get('description', '')}\n\nRoles: {roles}."
+                        ).strip()
+        return self.openapi_schema or {}
+
     def build_middleware_stack(self) -> ASGIApp:
         # Cached answers go out in front of everything else, Starlette's own
         # error middleware included: 50 dashboards polling a job are 50

@@ -165,3 +165,15 @@ def test_the_dashboards_files_come_with_headers_that_fence_the_page(
         assert headers["x-content-type-options"] == "nosniff"
         assert headers["x-frame-options"] == "DENY"
         assert headers["referrer-policy"] == "no-referrer"
+
+
+def test_the_openapi_document_says_which_routes_need_a_bearer_token(
+    client: httpx.Client,
+) -> None:
+    document = client.get("/openapi.json").json()
+    assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    paths = document["paths"]
+    assert paths["/jobs"]["post"]["security"] == [{"bearer": []}]
+    assert paths["/jobs"]["post"]["description"].endswith("Roles: admin, user.")
+    assert paths["/nodes/{node_id}/revoke"]["post"]["description"].endswith("Roles: admin.")
+    assert "security" not in paths["/healthz"]["get"]
