@@ -44,6 +44,11 @@ class ServerSettings(BaseSettings):
         description="Largest request body (checkpoints excepted): a worker's biggest batch "
         "of log lines is about 8 MiB",
     )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Names (comma-separated) requests may carry in their Host header; "
+        "none: the bound address and localhost, or any name when binding 0.0.0.0; * any",
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Origins whose pages may call the API from a browser, comma-separated "
@@ -89,7 +94,7 @@ class ServerSettings(BaseSettings):
     def tokens_configured(self) -> bool:
         return any(t is not None and t.get_secret_value() for t in self.role_tokens.values())
 
-    @field_validator("cors_origins", mode="before")
+    @field_validator("cors_origins", "allowed_hosts", mode="before")
     @classmethod
     def _split_origins(cls, value: object) -> object:
         if isinstance(value, str):

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from api.host_check import allowed_hosts, host_of
 from tests.api.conftest import ProtocolNode, ThreadedServer, make_settings
 
 
@@ -89,3 +90,30 @@ def test_configured_origins_may_call_with_a_token(tmp_path: Path) -> None:
         other = {"Origin": "https://elsewhere.example"}
         assert client.options("/jobs", headers={**other, **PREFLIGHT}).status_code == 400
         assert "access-control-allow-origin" not in client.get("/jobs", headers=other).headers
+
+
+def test_a_request_naming_a_foreign_host_is_refused(tmp_path: Path) -> None:
+    """DNS rebinding: a page's own name pointed at 127.0.0.1 still arrives
+    as that name in the Host header."""
+    with (
+        ThreadedServer(make_settings(tmp_path)) as server,
+        httpx.Client(base_url=server.url) as client,
+    ):
+        port = server.url.rsplit(":", 1)[1]
+        for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example"):
+            refused = client.post("/jobs", json={}, headers={"Host": host})
+            assert refused.status_code == 400, host
+            assert refused.json()["detail"].startswith(f"Host: {host!r} is not a name")
+        assert client.get("/jobs").status_code == 200  # 127.0.0.1:port
+        for host in (f"localhost:{port}", "LOCALHOST", f"[::1]:{port}"):
+            assert client.get("/jobs", headers={"Host": host}).status_code == 200, host
+        assert client.get("/jobs", headers={"Host": ""}).status_code == 400
+
+
+def test_allowed_hosts_follow_the_bound_address_unless_configured() -> None:
+    assert allowed_hosts("0.0.0.0", []) is None  # every address: any name it is reached by
+    assert allowed_hosts("127.0.0.1", ["*"]) is None
+    assert allowed_hosts("10.0.0.5", ["ddpo.example"]) == ["ddpo.example"]
+    assert {"10.0.0.5", "localhost", "127.0.0.1"} <= set(allowed_hosts("10.0.0.5", []) or [])
+    assert host_of("[::1]:8000") == "::1" and host_of("a.example:80") == "a.example"
+    assert host_of("::1") == "::1"
