@@ -1,7 +1,16 @@
-"""The ``Host`` a request names must be one this server answers to. A page
-in the user's browser can point a name of its own at 127.0.0.1 (DNS
-rebinding) and reach a loopback server as "its own" origin; the browser
-still sends that name as the Host, and it is refused here (400)."""
+"""Requests a page in the user's browser makes, from elsewhere, to this
+server. Loopback is no boundary for a browser on the same machine:
+
+- ``HostCheck``: the ``Host`` a request names must be one this server
+  answers to. A page can point a name of its own at 127.0.0.1 (DNS
+  rebinding) and reach a loopback server as "its own" origin; the browser
+  still sends that name as the Host, and it is refused here (400).
+- ``OriginCheck``: a write (anything but GET, HEAD, OPTIONS) that a browser
+  sends from a page of another origin is refused (403) unless
+  ``DDPO_CORS_ORIGINS`` names that origin. Browsers send ``Origin`` with
+  every such request, a plain HTML form's or a ``no-cors`` fetch's too,
+  which need no preflight; curl, the CLI and workers send none.
+"""
 
 from __future__ import annotations
 
@@ -48,6 +57,31 @@ class HostCheck:
                     400,
                     f"Host: {header!r} is not a name this server answers to "
                     f"({', '.join(sorted(self.allowed))}; DDPO_ALLOWED_HOSTS adds names)",
+                )
+                return
+        await self.app(scope, receive, send)
+
+
+READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class OriginCheck:
+    def __init__(self, app: ASGIApp, origins: list[str]) -> None:
+        self.app = app
+        self.origins = frozenset(o.rstrip("/").lower() for o in origins)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] not in READS:
+            headers = dict(scope["headers"])
+            origin = headers.get(b"origin", b"").decode("latin-1").rstrip("/").lower()
+            host = headers.get(b"host", b"").decode("latin-1").lower()
+            own = {f"http://{host}", f"https://{host}"}
+            if origin and origin not in own and origin not in self.origins:
+                await send_problem(
+                    send,
+                    403,
+                    f"Origin: pages of {origin!r} may not change anything here "
+                    "(DDPO_CORS_ORIGINS names the origins that may)",
                 )
                 return
         await self.app(scope, receive, send)

@@ -22,7 +22,7 @@ from api.core.clock import tick
 from api.core.context import Core
 from api.core.errors import DomainError
 from api.head import HeadAsGet
-from api.host_check import HostCheck, allowed_hosts
+from api.host_check import HostCheck, OriginCheck, allowed_hosts
 from api.lifecycle import IllegalTransition, PartStatus
 from api.limits import BodyLimitMiddleware
 from api.monitoring import LatencyMiddleware, make_registry
@@ -128,6 +128,7 @@ class _Orchestrator(FastAPI):
         guarded: ASGIApp = AuthMiddleware(
             capped, self.state.tokens, saw=self.state.core.sightings.saw
         )
+        guarded = OriginCheck(guarded, settings.cors_origins)
         hosts = allowed_hosts(settings.host, settings.allowed_hosts)
         if hosts is not None:
             guarded = HostCheck(guarded, hosts)

@@ -34,13 +34,25 @@ from db.engine import Database
 
 TTL_S = 1.0
 MAX_ENTRIES = 1024
+# Whatever the answers' sizes and however many distinct queries arrive, the
+# cache holds at most this much (a client varying the query string makes a
+# new entry each time).
+MAX_BYTES = 32 * 2**20
 
 
 class ReadCache:
-    def __init__(self, db: Database, ttl_s: float = TTL_S, max_entries: int = MAX_ENTRIES) -> None:
+    def __init__(
+        self,
+        db: Database,
+        ttl_s: float = TTL_S,
+        max_entries: int = MAX_ENTRIES,
+        max_bytes: int = MAX_BYTES,
+    ) -> None:
         self.db = db
         self.ttl_s = ttl_s
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._bytes = 0
         # key -> (the tables it was read from, their write counts, when, the
         # answer, the route that made it)
         self._entries: OrderedDict[
@@ -76,12 +88,31 @@ class ReadCache:
             if entry is not None and entry[1] == writes and now - entry[2] < self.ttl_s:
                 return entry[3]
         body = compute()  # an exception (404, ...) is not cached
+        if len(body) > self.max_bytes:
+            return body
         with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= len(old[3])
             self._entries[key] = (tables, writes, now, body, route)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+            self._bytes += len(body)
+            # Oldest first: drop what is past its time, then what is over the bounds.
+            while self._entries:
+                oldest = next(iter(self._entries.values()))
+                expired = time.monotonic() - oldest[2] >= self.ttl_s
+                if not (
+                    expired or len(self._entries) > self.max_entries or self._bytes > self.max_bytes
+                ):
+                    break
+                _, dropped = self._entries.popitem(last=False)
+                self._bytes -= len(dropped[3])
         return body
+
+    @property
+    def size_bytes(self) -> int:
+        """The bytes of the answers held now."""
+        with self._lock:
+            return self._bytes
 
 
 def request_key(scope: Scope) -> tuple[str, str]:

@@ -117,3 +117,21 @@ def test_allowed_hosts_follow_the_bound_address_unless_configured() -> None:
     assert {"10.0.0.5", "localhost", "127.0.0.1"} <= set(allowed_hosts("10.0.0.5", []) or [])
     assert host_of("[::1]:8000") == "::1" and host_of("a.example:80") == "a.example"
     assert host_of("::1") == "::1"
+
+
+def test_a_write_from_a_page_of_another_origin_is_refused(tmp_path: Path) -> None:
+    """A form post or a no-cors fetch needs no preflight, but the browser
+    says where it comes from."""
+    settings = make_settings(tmp_path, cors_origins="https://dash.example")
+    with ThreadedServer(settings) as server, httpx.Client(base_url=server.url) as client:
+        job_id = client.post("/jobs", json={}).json()["id"]
+        for origin in ("https://evil.example", "null", f"{server.url}.evil.example"):
+            refused = client.post(f"/jobs/{job_id}/cancel", headers={"Origin": origin})
+            assert refused.status_code == 403, origin
+            assert refused.json()["detail"].startswith(f"Origin: pages of {origin!r}")
+        assert client.get(f"/jobs/{job_id}").json()["status"] == "queued"
+        # The server's own dashboard, and an origin it was told of, may.
+        assert client.get("/jobs", headers={"Origin": "https://evil.example"}).status_code == 200
+        assert client.post("/jobs", json={}, headers={"Origin": server.url}).status_code == 201
+        allowed = client.post(f"/jobs/{job_id}/cancel", headers={"Origin": "https://dash.example"})
+        assert allowed.json()["status"] == "cancelled"

@@ -79,3 +79,24 @@ def test_the_oldest_entries_make_way() -> None:
         read(db, cache, key)
     assert read(db, cache, "a")[1]  # "a" was dropped
     assert not read(db, cache, "c")[1]
+
+
+def test_the_cache_holds_at_most_its_bytes_whatever_the_keys() -> None:
+    db = FakeDatabase()
+    cache = ReadCache(db, ttl_s=60, max_entries=10_000, max_bytes=10_000)  # type: ignore[arg-type]
+    for i in range(500):  # ?v=1, ?v=2, ... each a new entry of a large answer
+        cache.get(("/jobs/1/logs", f"v={i}"), lambda: b"x" * 3000, (Job,))
+    assert 0 < cache.size_bytes <= 10_000
+    assert cache.peek(("/jobs/1/logs", "v=499")) is not None  # the newest stay
+    assert cache.peek(("/jobs/1/logs", "v=0")) is None
+
+
+def test_answers_past_their_time_are_dropped_not_just_skipped() -> None:
+    db = FakeDatabase()
+    cache = ReadCache(db, ttl_s=0.05)  # type: ignore[arg-type]
+    for i in range(50):
+        cache.get(("/jobs", str(i)), lambda: b"y" * 1000, (Job,))
+    assert cache.size_bytes > 1000
+    time.sleep(0.06)  # past the time limit (what is measured, not a synchronisation)
+    cache.get(("/jobs", "next"), lambda: b"z", (Job,))
+    assert cache.size_bytes == 1
