@@ -72,7 +72,9 @@ def test_a_page_of_another_origin_cannot_cancel_revoke_or_submit(
 ) -> None:
     folder, origin = elsewhere
     with httpx.Client(base_url=open_server.url, timeout=10) as client:
-        job = client.post("/jobs", json={}).raise_for_status().json()["id"]
+        # Two machines: it waits, queued, beside the one node registered here.
+        two = {"topology": {"num_machines": 2, "num_processes": 1}}
+        job = client.post("/jobs", json=two).raise_for_status().json()["id"]
         node = (
             client.post("/nodes/register", json={"name": "victim", "address": "127.0.0.1"})
             .raise_for_status()
