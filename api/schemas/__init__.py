@@ -55,15 +55,7 @@ from api.schemas.spec import (
     Topology,
     TrainResult,
 )
-from api.schemas.strict import (
-    DB_INT_MAX,
-    MAX_WORLD_SIZE,
-    NAME_PATTERN,
-    Count,
-    ExitCode,
-    Id,
-    Strict,
-)
+from api.schemas.strict import DB_INT_MAX, MAX_WORLD_SIZE, NAME_PATTERN
 
 __all__ = [
     "DB_INT_MAX",
@@ -74,11 +66,8 @@ __all__ = [
     "Assignment",
     "AttemptPublic",
     "CheckpointPublic",
-    "Count",
-    "ExitCode",
     "HeartbeatRequest",
     "HeartbeatResponse",
-    "Id",
     "JobError",
     "JobPublic",
     "JobSpec",
@@ -105,7 +94,6 @@ __all__ = [
     "ProgressReport",
     "Rendezvous",
     "RendezvousBound",
-    "Strict",
     "StudiesPublic",
     "StudyCreate",
     "StudyPublic",
