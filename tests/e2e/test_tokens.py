@@ -16,10 +16,10 @@ from tests.e2e.conftest import Jobs, until
 pytestmark = pytest.mark.e2e
 
 TOKENS = ClusterTokens(
-    admin="admin-token-0d3b5f7a9c",
-    user="user-token-6b1f0c9e2d",
-    read="read-token-8e2a4c6b1f",
-    join="join-token-4e8a2c7f1b",
+    admin="admin-token-0d3b5f7a9c-Xq4",
+    user="user-token-6b1f0c9e2d-Wm7z",
+    read="read-token-8e2a4c6b1f-Rt2k",
+    join="join-token-4e8a2c7f1b-Hv9p",
 )
 
 
