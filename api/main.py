@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -235,7 +236,9 @@ async def _illegal_transition(request: Request, exc: Exception) -> JSONResponse:
 async def _refused(request: Request, exc: Exception) -> JSONResponse:
     """The domain's refusals (api/core/errors.py), answered with their status."""
     assert isinstance(exc, DomainError)
-    return JSONResponse(status_code=exc.status, content={"detail": str(exc)})
+    wait_s = getattr(exc, "retry_after_s", None)
+    headers = {"Retry-After": str(max(1, math.ceil(wait_s)))} if wait_s is not None else None
+    return JSONResponse(status_code=exc.status, content={"detail": str(exc)}, headers=headers)
 
 
 def _redacted(url: str) -> str:

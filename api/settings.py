@@ -32,6 +32,12 @@ class ServerSettings(BaseSettings):
     )
     sweep_interval_s: float = Field(1.0, gt=0, description="How often lost nodes are looked for")
     max_page_size: int = Field(500, ge=1)
+    max_nodes: int = Field(
+        1000, ge=1, description="Nodes this server holds (revoked ones do not count)"
+    )
+    registrations_per_minute: int = Field(
+        120, ge=1, description="New nodes that may join in any minute (429 beyond)"
+    )
     retry_backoff_s: float = Field(
         1.0, ge=0, description="Wait before a job's first restart; doubles with each one"
     )

@@ -239,6 +239,11 @@ def node_credentials(*, session: Session) -> list[tuple[int, str]]:
     return [(i, d) for i, d in session.exec(statement).all() if i is not None and d is not None]
 
 
+def count_unrevoked_nodes(*, session: Session) -> int:
+    statement = select(func.count()).select_from(Node).where(Node.state != NodeState.REVOKED)
+    return int(session.exec(statement).one())
+
+
 def list_nodes(*, session: Session) -> list[Node]:
     return list(session.exec(select(Node).order_by(col(Node.id))).all())
 

@@ -84,7 +84,8 @@ class ServerClient:
 
     @staticmethod
     def _check(path: str, response: httpx.Response) -> object:
-        if response.status_code >= 500:
+        if response.status_code >= 500 or response.status_code == 429:
+            # 429: too many nodes joining at once; this one joins a little later.
             raise ServerUnavailable(f"{path}: {response.status_code} {response.text[:200]}")
         if response.status_code == 401:
             raise CredentialRefused(401, f"{path}: 401 {response.text[:500]}")

@@ -36,9 +36,35 @@ class Sightings:
         return time.monotonic() - self._listening_since
 
 
+class JoinRate:
+    """New nodes joining in the last minute: at most ``per_minute``, so a
+    leaked join token cannot fill the server with nodes at once."""
+
+    WINDOW_S = 60.0
+
+    def __init__(self, per_minute: int) -> None:
+        self.per_minute = per_minute
+        self._joins: list[float] = []
+        self._lock = threading.Lock()
+
+    def admit(self) -> float:
+        """0 and the join counted, or the seconds until one may join."""
+        now = time.monotonic()
+        with self._lock:
+            self._joins = [t for t in self._joins if now - t < self.WINDOW_S]
+            if len(self._joins) >= self.per_minute:
+                return self.WINDOW_S - (now - self._joins[0])
+            self._joins.append(now)
+            return 0.0
+
+
 @dataclass
 class Core:
     db: Database
     settings: ServerSettings
     credentials: NodeCredentials = field(default_factory=NodeCredentials)
     sightings: Sightings = field(default_factory=Sightings)
+    joins: JoinRate = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.joins = JoinRate(self.settings.registrations_per_minute)

@@ -25,3 +25,13 @@ class Conflict(DomainError):
     """Not possible in the thing's current state."""
 
     status = 409
+
+
+class TooMany(DomainError):
+    """Too many at once: try again after ``retry_after_s``."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -9,7 +9,7 @@ import logging
 from sqlmodel import Session
 
 from api.core.context import Core
-from api.core.errors import Conflict, Forbidden, NotFound
+from api.core.errors import Conflict, Forbidden, NotFound, TooMany
 from api.core.placement import schedule
 from api.core.settlement import lose_parts
 from api.credentials import new_node_credential
@@ -42,6 +42,7 @@ def register_node(
         node = queries.get_node_by_name(session=session, name=registration.name)
         _check_may_register(node, registration.name, caller_node, enforce)
         if node is None:
+            _check_room_for_a_new_node(core, session)
             node = Node(name=registration.name, address=registration.address)
             session.add(node)
         if caller_node is None:  # not the node's own (checked above): a new one
@@ -99,6 +100,23 @@ def _check_may_register(
             f"name: {name!r} is node {node.id}; only the worker holding that node's "
             "credential (its credential file) registers under it again. If the file is "
             f"lost, an admin revokes node {node.id} and the machine joins under a new name"
+        )
+
+
+def _check_room_for_a_new_node(core: Core, session: Session) -> None:
+    limit = core.settings.max_nodes
+    if queries.count_unrevoked_nodes(session=session) >= limit:
+        raise Forbidden(
+            f"name: this server holds DDPO_MAX_NODES={limit} nodes already; an admin "
+            "revokes one, or the server is started with a higher limit"
+        )
+    wait_s = core.joins.admit()
+    if wait_s > 0:
+        per_minute = core.settings.registrations_per_minute
+        raise TooMany(
+            f"{per_minute} new nodes joined in the last minute "
+            f"(DDPO_REGISTRATIONS_PER_MINUTE); try again in {wait_s:.0f} s",
+            retry_after_s=wait_s,
         )
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from api.host_check import allowed_hosts, host_of
 from tests.api.conftest import ProtocolNode, ThreadedServer, make_settings
+from worker.client import ServerClient, ServerUnavailable
 
 
 @pytest.fixture
@@ -135,3 +136,42 @@ def test_a_write_from_a_page_of_another_origin_is_refused(tmp_path: Path) -> Non
         assert client.post("/jobs", json={}, headers={"Origin": server.url}).status_code == 201
         allowed = client.post(f"/jobs/{job_id}/cancel", headers={"Origin": "https://dash.example"})
         assert allowed.json()["status"] == "cancelled"
+
+
+def register(client: httpx.Client, name: str) -> httpx.Response:
+    return client.post("/nodes/register", json={"name": name, "address": "127.0.0.1"})
+
+
+def test_new_nodes_beyond_the_limit_are_refused_until_one_is_revoked(tmp_path: Path) -> None:
+    with (
+        ThreadedServer(make_settings(tmp_path, max_nodes=2)) as server,
+        httpx.Client(base_url=server.url) as client,
+    ):
+        a = register(client, "a").json()["node_id"]
+        assert register(client, "b").status_code == 200
+        refused = register(client, "c")
+        assert refused.status_code == 403
+        assert "DDPO_MAX_NODES=2" in refused.json()["detail"]
+        assert register(client, "b").status_code == 200  # a known node comes back
+        client.post(f"/nodes/{a}/revoke").raise_for_status()
+        assert register(client, "c").status_code == 200
+
+
+def test_new_nodes_beyond_the_join_rate_are_told_when_to_come_back(tmp_path: Path) -> None:
+    with (
+        ThreadedServer(make_settings(tmp_path, registrations_per_minute=3)) as server,
+        httpx.Client(base_url=server.url) as client,
+    ):
+        for name in ("a", "b", "c"):
+            assert register(client, name).status_code == 200
+        refused = register(client, "d")
+        assert refused.status_code == 429
+        assert "DDPO_REGISTRATIONS_PER_MINUTE" in refused.json()["detail"]
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+        assert register(client, "a").status_code == 200  # not a new node: not counted
+
+
+def test_a_worker_takes_a_429_as_try_again_later() -> None:
+    answer = httpx.Response(429, text="too many", request=httpx.Request("POST", "http://x/"))
+    with pytest.raises(ServerUnavailable, match="429"):
+        ServerClient._check("/nodes/register", answer)
