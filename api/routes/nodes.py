@@ -39,7 +39,7 @@ def list_nodes(db: DatabaseDep) -> list[NodePublic]:
 
 
 @endpoint(
-    router, route_table.REGISTER_NODE, response_model=NodeRegistered, responses=documented(409)
+    router, route_table.REGISTER_NODE, response_model=NodeRegistered, responses=documented(409, 429)
 )
 def register_node(
     registration: NodeRegistration,

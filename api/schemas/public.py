@@ -190,5 +190,6 @@ def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
         404: "No such resource",
         409: "Not possible in its current state",
         413: "Too large",
+        429: "Too many at once: try again after Retry-After seconds",
     }
     return {status: {"model": Problem, "description": meanings[status]} for status in statuses}
