@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
+from prometheus_client import Histogram
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp
 
@@ -43,6 +44,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     db = Database(settings.database_url)
     notifier = Notifier()
     core = Core(db, settings)
+    instruments = make_registry(db)
     db.after_commit(lambda rows: _wake_polls(notifier, rows))
 
     @contextlib.asynccontextmanager
@@ -51,7 +53,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         with db.read() as session:
             core.credentials.load(queries.node_credentials(session=session))
         notifier.bind(asyncio.get_running_loop())
-        sweeper = asyncio.create_task(_sweep_forever(core))
+        sweeper = asyncio.create_task(_sweep_forever(core, instruments.tick))
         log.info("serving with database %s", _redacted(settings.database_url))
         try:
             yield
@@ -73,7 +75,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.core = core
     app.state.read_cache = ReadCache(db)
     app.state.tokens = TokenBook(settings.role_tokens, core.credentials)
-    app.state.registry, app.state.latency = make_registry(db)
+    app.state.registry, app.state.latency = instruments.registry, instruments.latency
     app.add_middleware(LatencyMiddleware, latency=app.state.latency)
     for router in (
         jobs.router,
@@ -167,7 +169,7 @@ def _wake_polls(notifier: Notifier, rows: Sequence[object]) -> None:
         notifier.notify()
 
 
-async def _sweep_forever(core: Core) -> None:
+async def _sweep_forever(core: Core, duration: Histogram) -> None:
     settings = core.settings
     loop = asyncio.get_running_loop()
     while True:
@@ -180,9 +182,14 @@ async def _sweep_forever(core: Core) -> None:
         if not judge_nodes:
             log.warning("the server ran %.1f s late; not judging node liveness this time", late_s)
         try:
-            await run_in_threadpool(tick, core, judge_nodes)
+            await run_in_threadpool(_timed_tick, core, judge_nodes, duration)
         except Exception:  # keep sweeping: a transient database error must not end it
             log.exception("sweep for lost nodes, deadlines and retries failed")
+
+
+def _timed_tick(core: Core, judge_nodes: bool, duration: Histogram) -> None:
+    with duration.time():  # in the thread: not counting the wait for one
+        tick(core, judge_nodes)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:

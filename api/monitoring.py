@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -46,7 +47,14 @@ class DatabaseCollector(Collector):
         )
 
 
-def make_registry(db: Database) -> tuple[CollectorRegistry, Histogram]:
+@dataclass(frozen=True)
+class Instruments:
+    registry: CollectorRegistry
+    latency: Histogram
+    tick: Histogram
+
+
+def make_registry(db: Database) -> Instruments:
     """One registry per app, so several apps in one process (tests) never mix."""
     registry = CollectorRegistry()
     registry.register(DatabaseCollector(db))
@@ -57,7 +65,13 @@ def make_registry(db: Database) -> tuple[CollectorRegistry, Histogram]:
         registry=registry,
         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     )
-    return registry, latency
+    tick = Histogram(
+        "ddpo_tick_duration_seconds",
+        "One turn of the server's clock: lost nodes, deadlines, retries, placement",
+        registry=registry,
+        buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1),
+    )
+    return Instruments(registry, latency, tick)
 
 
 def route_template(route: object) -> str:

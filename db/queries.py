@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from sqlalchemy import func
+from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
 from api.lifecycle import JobStatus, NodeState, PartStatus
@@ -248,9 +249,24 @@ def list_nodes(*, session: Session) -> list[Node]:
     return list(session.exec(select(Node).order_by(col(Node.id))).all())
 
 
-def live_nodes(*, session: Session) -> list[Node]:
-    statement = select(Node).where(Node.state == NodeState.LIVE).order_by(col(Node.id))
-    return list(session.exec(statement).all())
+def live_node_capacities(*, session: Session) -> list[tuple[int, str, int, int, list[str]]]:
+    """(id, name, slots, gpus, trainers) of every live node: the columns
+    placement reads, without building a row object for each."""
+    # SQLAlchemy's own select: SQLModel's is typed for four columns at most.
+    statement = (
+        sa_select(Node.id, Node.name, Node.slots, Node.gpus, Node.trainers)  # type: ignore[call-overload]
+        .where(Node.state == NodeState.LIVE)
+        .order_by(col(Node.id))
+    )
+    return [tuple(row) for row in session.execute(statement).all()]
+
+
+def get_nodes(*, session: Session, node_ids: Iterable[int]) -> dict[int, Node]:
+    ids = list(node_ids)
+    if not ids:
+        return {}
+    nodes = session.exec(select(Node).where(col(Node.id).in_(ids))).all()
+    return {n.id: n for n in nodes if n.id is not None}
 
 
 def stale_live_nodes(*, session: Session, heartbeat_before: datetime) -> list[Node]:

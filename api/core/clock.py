@@ -6,15 +6,18 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from api.core.context import Core
-from api.core.placement import schedule
+from api.core.context import Core, PlanMemo
+from api.core.placement import plan_and_start, schedule
 from api.core.settlement import fail_at_deadline, lose_parts
 from api.failures import FailureReason
 from api.lifecycle import NodeState
 from db import queries
-from db.models import utcnow
+from db.models import Job, Node, Part, utcnow
 
 log = logging.getLogger(__name__)
+
+# What placement reads: the queue, the parts holding slots, the nodes.
+PLACEMENT_READS = (Job, Part, Node)
 
 
 def tick(core: Core, judge_nodes: bool = True) -> bool:
@@ -23,12 +26,16 @@ def tick(core: Core, judge_nodes: bool = True) -> bool:
     True if anything changed."""
     lost = sweep_lost_nodes(core) if judge_nodes else False
     now = utcnow()
+    writes = core.db.writes_to(PLACEMENT_READS)  # before reading: later writes count
+    memo = core.plan_memo
     with core.db.write() as session:
         late = queries.jobs_past_deadline(session=session, now=now)
         for job in late:
             fail_at_deadline(session, job, now)
-        placed = schedule(session)
-    return lost or bool(late) or placed
+        outcome = None if not late and memo.still_holds(writes, now) else plan_and_start(session)
+    if outcome is not None:  # committed: the plan is in the database
+        core.plan_memo = PlanMemo(writes, outcome.next_due)
+    return lost or bool(late) or (outcome is not None and outcome.placed)
 
 
 def sweep_lost_nodes(core: Core) -> bool:

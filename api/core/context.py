@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from api.credentials import NodeCredentials
 from api.settings import ServerSettings
@@ -59,12 +60,28 @@ class JoinRate:
 
 
 @dataclass
+class PlanMemo:
+    """What the tick's last plan was made from: the write counts of the
+    tables placement reads, and when the first retry still waiting for its
+    backoff becomes due. While both hold, a new plan would come out the same,
+    and a tick skips it: its cost follows what changes, not how many nodes
+    and queued jobs there are."""
+
+    writes: tuple[int, ...] | None = None
+    next_due: datetime | None = None
+
+    def still_holds(self, writes: tuple[int, ...], now: datetime) -> bool:
+        return writes == self.writes and (self.next_due is None or now < self.next_due)
+
+
+@dataclass
 class Core:
     db: Database
     settings: ServerSettings
     credentials: NodeCredentials = field(default_factory=NodeCredentials)
     sightings: Sightings = field(default_factory=Sightings)
     joins: JoinRate = field(init=False)
+    plan_memo: PlanMemo = field(default_factory=PlanMemo)
 
     def __post_init__(self) -> None:
         self.joins = JoinRate(self.settings.registrations_per_minute)

@@ -5,6 +5,7 @@ pure)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlmodel import Session
@@ -18,28 +19,41 @@ from db.models import Job, Node, utcnow
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Outcome:
+    placed: bool
+    # The earliest time a queued job's retry backoff ends, if one is still
+    # waiting for it: a plan made now says nothing about that job then.
+    next_due: datetime | None
+
+
 def schedule(session: Session) -> bool:
     """Start every queued job that can start now, each on all its machines
     in this one transaction. True if any started."""
+    return plan_and_start(session).placed
+
+
+def plan_and_start(session: Session) -> Outcome:
     now = utcnow()
-    queue = [
-        j
-        for j in queries.queued_jobs(session=session)
-        if j.not_before is None or j.not_before <= now
-    ]
+    queue = []
+    next_due: datetime | None = None
+    for j in queries.queued_jobs(session=session):
+        if j.not_before is None or j.not_before <= now:
+            queue.append(j)
+        elif next_due is None or j.not_before < next_due:
+            next_due = j.not_before
     if not queue:
-        return False
-    nodes = {n.id: n for n in queries.live_nodes(session=session) if n.id is not None}
+        return Outcome(False, next_due)
     busy = queries.active_part_counts(session=session)
     capacity = [
         NodeCapacity(
             node_id=node_id,
-            name=n.name,
-            free_slots=n.slots - busy.get(node_id, 0),
-            gpus=n.gpus,
-            trainers=frozenset(n.trainers),
+            name=name,
+            free_slots=slots - busy.get(node_id, 0),
+            gpus=gpus,
+            trainers=frozenset(trainers),
         )
-        for node_id, n in nodes.items()
+        for node_id, name, slots, gpus, trainers in queries.live_node_capacities(session=session)
     ]
     jobs = {j.id: j for j in queue if j.id is not None}
     # A study's jobs run one after another: each waits for the one before.
@@ -49,15 +63,19 @@ def schedule(session: Session) -> bool:
                 job_id
             ).pending_reason = f"study {before.study_id}: waiting for job {before.id} to end"
     decisions = plan([(job_id, j.spec) for job_id, j in jobs.items()], capacity)
+    chosen = queries.get_nodes(
+        session=session,
+        node_ids={i for d in decisions.values() if isinstance(d, Placement) for i in d.node_ids},
+    )
     placed = False
     for job_id, decision in decisions.items():
         job = jobs[job_id]
         if isinstance(decision, Pending):
             job.pending_reason = decision.reason
         elif isinstance(decision, Placement):
-            start(session, job, [nodes[i] for i in decision.node_ids], now)
+            start(session, job, [chosen[i] for i in decision.node_ids], now)
             placed = True
-    return placed
+    return Outcome(placed, next_due)
 
 
 def start(session: Session, job: Job, nodes: list[Node], now: datetime) -> None:

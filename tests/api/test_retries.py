@@ -242,3 +242,24 @@ def test_an_epoch_or_a_rank_the_job_does_not_have_is_refused(quick: httpx.Client
     )
     assert quick.get(f"/jobs/{job_id}/logs").json()["lines"] == []  # none of the batch kept
     assert job(quick, job_id)["checkpoint"] is None
+
+
+def test_a_retry_starts_when_its_backoff_ends_though_nothing_else_happens(
+    tmp_path: Path,
+) -> None:
+    """The tick skips planning while nothing placement reads has changed;
+    a backoff ending is a change too, with the database quiet."""
+    settings = make_settings(tmp_path, poll_wait_s=0.5, sweep_interval_s=0.1, retry_backoff_s=1.0)
+    with ThreadedServer(settings) as server, httpx.Client(base_url=server.url, timeout=10) as c:
+        node = ProtocolNode(c, "a")
+        job_id = submit(c, max_restarts=1)
+        first = started(node)
+        node.finish(
+            first["part_id"], "failed", exit_code=-9, reason="rank_exited", message="killed"
+        )
+        assert job(c, job_id)["status"] == "queued"
+        # Reads only, from here: nothing writes while the backoff runs out.
+        view = wait_for(
+            lambda: (v := job(c, job_id))["status"] == "running" and v, what="the retry placed"
+        )
+        assert view["attempt"] == 2
