@@ -11,6 +11,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from api.main import create_app
+from api.memory import give_large_blocks_back
 from api.settings import ServerSettings
 
 
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     if settings.nice:
         os.nice(settings.nice)
+    give_large_blocks_back()
     uvicorn.run(
         create_app(settings),
         host=settings.host,

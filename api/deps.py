@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.exceptions import RequestValidationError
 
 from api.auth import caller_node
 from api.core.context import Core
@@ -38,6 +40,35 @@ def get_read_cache(request: Request) -> ReadCache:
 def get_settings(request: Request) -> ServerSettings:
     settings: ServerSettings = request.app.state.settings
     return settings
+
+
+def refuse_unknown_query(request: Request) -> None:
+    """422 for a query parameter the route does not declare: a typo should
+    not pass for a filter, and a client varying a name nothing reads must
+    not make the read cache hold a new answer for each value."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return
+    unknown = sorted(set(request.query_params) - _declared_query(dependant))
+    if unknown:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "extra_forbidden",
+                    "loc": ("query", name),
+                    "msg": "unknown query parameter",
+                }
+                for name in unknown
+            ]
+        )
+
+
+def _declared_query(dependant: Dependant) -> set[str]:
+    names = {field.alias for field in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _declared_query(sub)
+    return names
 
 
 def get_caller_node(request: Request) -> int | None:

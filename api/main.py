@@ -10,7 +10,7 @@ import math
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
@@ -23,6 +23,7 @@ from api.auth import AuthMiddleware, TokenBook
 from api.core.clock import tick
 from api.core.context import Core
 from api.core.errors import DomainError
+from api.deps import refuse_unknown_query
 from api.head import HeadAsGet
 from api.host_check import HostCheck, OriginCheck, allowed_hosts
 from api.lifecycle import IllegalTransition, PartStatus
@@ -45,6 +46,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     notifier = Notifier()
     core = Core(db, settings)
     instruments = make_registry(db)
+    read_cache = ReadCache(db)
     db.after_commit(lambda rows: _wake_polls(notifier, rows))
 
     @contextlib.asynccontextmanager
@@ -53,7 +55,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         with db.read() as session:
             core.credentials.load(queries.node_credentials(session=session))
         notifier.bind(asyncio.get_running_loop())
-        sweeper = asyncio.create_task(_sweep_forever(core, instruments.tick))
+        sweeper = asyncio.create_task(_sweep_forever(core, instruments.tick, read_cache))
         log.info("serving with database %s", _redacted(settings.database_url))
         try:
             yield
@@ -73,19 +75,13 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.db = db
     app.state.notifier = notifier
     app.state.core = core
-    app.state.read_cache = ReadCache(db)
+    app.state.read_cache = read_cache
     app.state.tokens = TokenBook(settings.role_tokens, core.credentials)
     app.state.registry, app.state.latency = instruments.registry, instruments.latency
     app.add_middleware(LatencyMiddleware, latency=app.state.latency)
-    for router in (
-        jobs.router,
-        studies.router,
-        nodes.router,
-        parts.router,
-        health.router,
-        prometheus.router,
-        dashboard.router,
-    ):
+    for router in (jobs.router, studies.router, nodes.router, parts.router):
+        app.include_router(router, dependencies=[Depends(refuse_unknown_query)])
+    for router in (health.router, prometheus.router, dashboard.router):
         app.include_router(router)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(IllegalTransition, _illegal_transition)
@@ -169,7 +165,7 @@ def _wake_polls(notifier: Notifier, rows: Sequence[object]) -> None:
         notifier.notify()
 
 
-async def _sweep_forever(core: Core, duration: Histogram) -> None:
+async def _sweep_forever(core: Core, duration: Histogram, cache: ReadCache) -> None:
     settings = core.settings
     loop = asyncio.get_running_loop()
     while True:
@@ -182,6 +178,7 @@ async def _sweep_forever(core: Core, duration: Histogram) -> None:
         if not judge_nodes:
             log.warning("the server ran %.1f s late; not judging node liveness this time", late_s)
         try:
+            cache.drop_expired()
             await run_in_threadpool(_timed_tick, core, judge_nodes, duration)
         except Exception:  # keep sweeping: a transient database error must not end it
             log.exception("sweep for lost nodes, deadlines and retries failed")

@@ -24,6 +24,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
+from urllib.parse import parse_qsl
 
 from prometheus_client import Histogram
 from starlette.requests import Request
@@ -37,7 +38,7 @@ MAX_ENTRIES = 1024
 # Whatever the answers' sizes and however many distinct queries arrive, the
 # cache holds at most this much (a client varying the query string makes a
 # new entry each time).
-MAX_BYTES = 32 * 2**20
+MAX_BYTES = 16 * 2**20
 
 
 class ReadCache:
@@ -96,17 +97,26 @@ class ReadCache:
                 self._bytes -= len(old[3])
             self._entries[key] = (tables, writes, now, body, route)
             self._bytes += len(body)
-            # Oldest first: drop what is past its time, then what is over the bounds.
-            while self._entries:
-                oldest = next(iter(self._entries.values()))
-                expired = time.monotonic() - oldest[2] >= self.ttl_s
-                if not (
-                    expired or len(self._entries) > self.max_entries or self._bytes > self.max_bytes
-                ):
-                    break
-                _, dropped = self._entries.popitem(last=False)
-                self._bytes -= len(dropped[3])
+            self._drop_old()
         return body
+
+    def drop_expired(self) -> None:
+        """Let go of answers past their time (the server's clock calls this:
+        a burst of reads then silence must not keep its answers)."""
+        with self._lock:
+            self._drop_old()
+
+    def _drop_old(self) -> None:
+        # Oldest first: what is past its time, then what is over the bounds.
+        while self._entries:
+            oldest = next(iter(self._entries.values()))
+            expired = time.monotonic() - oldest[2] >= self.ttl_s
+            if not (
+                expired or len(self._entries) > self.max_entries or self._bytes > self.max_bytes
+            ):
+                break
+            _, dropped = self._entries.popitem(last=False)
+            self._bytes -= len(dropped[3])
 
     @property
     def size_bytes(self) -> int:
@@ -115,8 +125,13 @@ class ReadCache:
             return self._bytes
 
 
-def request_key(scope: Scope) -> tuple[str, str]:
-    return scope["path"], scope["query_string"].decode("latin-1")
+def request_key(scope: Scope) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The path and the query's parameters in order of name: the same
+    question asked with its parameters in another order is the same entry.
+    Routes refuse parameters they do not declare (api/deps.py), so only
+    those can ever be part of a key."""
+    query = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
+    return scope["path"], tuple(sorted(query))
 
 
 def cached_json(

@@ -9,11 +9,11 @@ from datetime import datetime
 from sqlmodel import Session
 
 from api.core.errors import NotFound
-from api.lifecycle import JobStatus, study_status
+from api.lifecycle import JobStatus, NodeState, study_status
 from api.schemas import JobSpec, public
 from db import queries
 from db.engine import Database
-from db.models import LAUNCHER_RANK, Attempt, Job, Node, Part, Study, utcnow
+from db.models import LAUNCHER_RANK, Attempt, Job, LogRow, Node, Part, Study, utcnow
 
 
 def percent_done(*, epoch: int, batch: int, batches_per_epoch: int, epochs: int) -> float:
@@ -219,6 +219,28 @@ def read_metrics(*, db: Database, job_id: int, max_points: int) -> public.Metric
     )
 
 
+# However long its lines, a page of logs stays about this size (10,000 lines
+# of 4,000 four-byte characters would be 160 MB): a reader pages on with
+# next_since, and the server never builds an answer it cannot afford to
+# cache.
+LOG_PAGE_BYTES = 2**20
+# What a line costs in the answer besides its text.
+LOG_LINE_OVERHEAD_BYTES = 100
+
+
+def _within_bytes(rows: list[LogRow], budget: int, keep_newest: bool) -> list[LogRow]:
+    """As many of ``rows`` as fit in ``budget`` bytes (at least one): the
+    oldest first, or the newest with ``keep_newest`` (a tail)."""
+    kept = 0
+    spent = 0
+    for row in reversed(rows) if keep_newest else rows:
+        spent += len(row.text.encode()) + LOG_LINE_OVERHEAD_BYTES
+        if kept and spent > budget:
+            break
+        kept += 1
+    return rows[len(rows) - kept :] if keep_newest else rows[:kept]
+
+
 def read_logs(
     *,
     db: Database,
@@ -242,6 +264,7 @@ def read_logs(
             limit=limit,
             newest=tail,
         )
+    rows = _within_bytes(rows, LOG_PAGE_BYTES, keep_newest=tail)
     return public.LogsPublic(
         lines=[
             public.LogLinePublic(
@@ -258,12 +281,26 @@ def read_logs(
     )
 
 
-def read_nodes(*, db: Database) -> list[public.NodePublic]:
+def read_nodes(
+    *, db: Database, state: NodeState | None, limit: int, offset: int
+) -> public.NodesPublic:
     with db.read() as session:
-        nodes = queries.list_nodes(session=session)
-        active = queries.active_parts_on_nodes(
-            session=session, node_ids=[n.id for n in nodes if n.id is not None]
-        )
+        nodes, count = queries.list_nodes(session=session, state=state, limit=limit, offset=offset)
+        return public.NodesPublic(data=_public_nodes(session, nodes), count=count)
+
+
+def read_node(*, db: Database, node_id: int) -> public.NodePublic:
+    with db.read() as session:
+        node = queries.get_node(session=session, node_id=node_id)
+        if node is None:
+            raise NotFound(f"node {node_id} not found")
+        return _public_nodes(session, [node])[0]
+
+
+def _public_nodes(session: Session, nodes: list[Node]) -> list[public.NodePublic]:
+    active = queries.active_parts_on_nodes(
+        session=session, node_ids=[n.id for n in nodes if n.id is not None]
+    )
     by_node: dict[int, list[public.NodePart]] = defaultdict(list)
     for part in active:
         by_node[part.node_id].append(

@@ -325,8 +325,10 @@ class LocalCluster:
 
     def wait_for_nodes(self, count: int, timeout_s: float = 60.0) -> None:
         def enough() -> bool:
-            nodes = httpx.get(f"{self.url}/nodes", timeout=5, headers=self.headers("read")).json()
-            return sum(1 for n in nodes if n["state"] == "live") >= count
+            live = httpx.get(
+                f"{self.url}/nodes?state=live", timeout=5, headers=self.headers("read")
+            ).json()
+            return int(live["count"]) >= count
 
         self._wait(enough, timeout_s, f"{count} live node(s)", None)
 

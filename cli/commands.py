@@ -9,8 +9,8 @@ import json
 import sys
 from typing import Any
 
-from api.lifecycle import JobStatus
-from api.schemas import JobPublic, JobsPublic, LogLinePublic, LogsPublic, NodePublic
+from api.lifecycle import JobStatus, NodeState
+from api.schemas import JobPublic, JobsPublic, LogLinePublic, LogsPublic, NodesPublic
 from cli import render
 from cli.api import DEFAULT_SERVER, Api, CliError, riding_out_restarts, server_url, token_for
 from cli.jobs import add_spec_arguments, follow, spec_from_args, submit_once
@@ -241,14 +241,21 @@ def run_logs(args: argparse.Namespace) -> int:
 def add_nodes(commands: Any) -> None:
     parser = commands.add_parser("nodes", help="worker nodes: state, heartbeat, what they run")
     add_connection_arguments(parser)
+    parser.add_argument(
+        "--state", choices=[s.value for s in NodeState], help="only nodes in this state"
+    )
+    parser.add_argument("--limit", type=int, default=100, help="at most this many, oldest first")
+    parser.add_argument("--offset", type=int, default=0, help="skip this many first")
     parser.set_defaults(run=run_nodes)
 
 
 def run_nodes(args: argparse.Namespace) -> int:
     with client_for(args) as api:
-        data = api.get("/nodes", "list nodes")
+        data = api.get(
+            "/nodes", "list nodes", state=args.state, limit=args.limit, offset=args.offset
+        )
     if args.json:
         _print_json(data)
     else:
-        print(render.nodes_table([NodePublic.model_validate(n) for n in data]))
+        print(render.nodes_table(NodesPublic.model_validate(data)))
     return 0

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import ParamSpec
 
-from api.schemas import JobPublic, JobsPublic, NodePublic, StudyPublic
+from api.schemas import JobPublic, JobsPublic, NodesPublic, StudyPublic
 from cli.terminal import shown
 
 P = ParamSpec("P")
@@ -81,13 +81,13 @@ def jobs_table(jobs: JobsPublic) -> str:
 
 
 @_for_terminal
-def nodes_table(nodes: list[NodePublic]) -> str:
+def nodes_table(nodes: NodesPublic) -> str:
     now = datetime.now(timezone.utc)
     lines = [
         f"{'id':>4}  {'name':<16} {'address':<16} {'state':<7} {'slots':>5} {'cpus':>4} "
         f"{'gpus':>4} {'heartbeat':>10}  running"
     ]
-    for node in nodes:
+    for node in nodes.data:
         ago = duration((now - node.last_heartbeat_at).total_seconds()) + " ago"
         running = ", ".join(
             f"job {p.job_id} m{p.machine_id} ({p.status.value})" for p in node.parts
@@ -96,6 +96,8 @@ def nodes_table(nodes: list[NodePublic]) -> str:
             f"{node.id:>4}  {node.name:<16} {node.address:<16} {node.state.value:<7} "
             f"{node.slots:>5} {node.cpus:>4} {node.gpus:>4} {ago:>10}  {running or '-'}"
         )
+    if nodes.count > len(nodes.data):
+        lines.append(f"({len(nodes.data)} of {nodes.count})")
     return "\n".join(lines)
 
 

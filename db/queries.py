@@ -245,8 +245,17 @@ def count_unrevoked_nodes(*, session: Session) -> int:
     return int(session.exec(statement).one())
 
 
-def list_nodes(*, session: Session) -> list[Node]:
-    return list(session.exec(select(Node).order_by(col(Node.id))).all())
+def list_nodes(
+    *, session: Session, state: NodeState | None, limit: int, offset: int
+) -> tuple[list[Node], int]:
+    """Oldest first, and how many match."""
+    filtered = select(Node)
+    counted = select(func.count()).select_from(Node)
+    if state is not None:
+        filtered = filtered.where(Node.state == state)
+        counted = counted.where(Node.state == state)
+    nodes = session.exec(filtered.order_by(col(Node.id)).offset(offset).limit(limit)).all()
+    return list(nodes), int(session.exec(counted).one())
 
 
 def live_node_capacities(*, session: Session) -> list[tuple[int, str, int, int, list[str]]]:

@@ -434,16 +434,22 @@ function submitPage() {
 
 // --- nodes ---------------------------------------------------------------------------
 
+const NODES_PAGE = 200;
+
 function nodesPage() {
   page().innerHTML = `
     <h1>Nodes</h1>
     <div class="card"><table id="nodes">
       <thead><tr><th>name</th><th>address</th><th>state</th><th class="num">slots</th>
         <th class="num">cpus</th><th class="num">gpus</th><th>last heartbeat</th><th>running</th></tr></thead>
-      <tbody></tbody></table></div>`;
+      <tbody></tbody></table><p id="nodes-count" class="muted"></p></div>`;
   every(LIST_POLL_MS, async () => {
-    const nodes = await api("/nodes");
+    // One page (the oldest first): a cluster of thousands is not one table.
+    const page = await api(`/nodes?limit=${NODES_PAGE}`);
+    const nodes = page.data;
     const now = Date.now();
+    document.getElementById("nodes-count").textContent =
+      page.count > nodes.length ? `${nodes.length} of ${page.count} nodes` : `${page.count} node(s)`;
     document.querySelector("#nodes tbody").innerHTML = nodes.map((n) => `
       <tr><td>${esc(n.name)}</td><td>${esc(n.address)}</td><td>${badge(n.state)}</td>
         <td class="num">${n.slots}</td><td class="num">${n.cpus}</td><td class="num">${n.gpus}</td>

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from api import route_table, views
@@ -18,13 +19,16 @@ from api.deps import (
     NotifierDep,
     SettingsDep,
 )
+from api.lifecycle import NodeState
 from api.routes import endpoint
 from api.schemas import (
+    DB_INT_MAX,
     HeartbeatRequest,
     HeartbeatResponse,
     NodePublic,
     NodeRegistered,
     NodeRegistration,
+    NodesPublic,
     PollRequest,
     PollResponse,
     documented,
@@ -33,9 +37,18 @@ from api.schemas import (
 router = APIRouter(prefix="/nodes", tags=["nodes"], responses=documented(400, 403, 404))
 
 
-@endpoint(router, route_table.LIST_NODES, response_model=list[NodePublic])
-def list_nodes(db: DatabaseDep) -> list[NodePublic]:
-    return views.read_nodes(db=db)
+@endpoint(router, route_table.LIST_NODES, response_model=NodesPublic)
+def list_nodes(
+    db: DatabaseDep,
+    settings: SettingsDep,
+    state: NodeState | None = None,
+    limit: Annotated[int, Query(ge=1, le=DB_INT_MAX)] = 100,
+    offset: Annotated[int, Query(ge=0, le=DB_INT_MAX)] = 0,
+) -> NodesPublic:
+    """Oldest first, a page at a time (at most DDPO_MAX_PAGE_SIZE)."""
+    return views.read_nodes(
+        db=db, state=state, limit=min(limit, settings.max_page_size), offset=offset
+    )
 
 
 @endpoint(
@@ -67,10 +80,7 @@ def revoke_node(node_id: NodeId, core: CoreDep, db: DatabaseDep) -> NodePublic:
     """Refuse the node's credential from now on and retire its name; its
     parts' jobs restart elsewhere if they have restarts left."""
     nodes_core.revoke_node(core, node_id)
-    node = next((n for n in views.read_nodes(db=db) if n.id == node_id), None)
-    if node is None:
-        raise HTTPException(404, f"node {node_id} not found")
-    return node
+    return views.read_node(db=db, node_id=node_id)
 
 
 @endpoint(router, route_table.HEARTBEAT, response_model=HeartbeatResponse)

@@ -159,6 +159,11 @@ class NodePublic(BaseModel):
     parts: list[NodePart]
 
 
+class NodesPublic(BaseModel):
+    data: list[NodePublic]
+    count: int = Field(description="Nodes matching the filter, ignoring limit/offset")
+
+
 class LogLinePublic(BaseModel):
     id: int = Field(description="Increasing: pass the last one seen as ?since= to get newer lines")
     machine_id: int
@@ -168,7 +173,9 @@ class LogLinePublic(BaseModel):
 
 
 class LogsPublic(BaseModel):
-    lines: list[LogLinePublic]
+    lines: list[LogLinePublic] = Field(
+        description="Up to limit lines and about 1 MiB: page on with next_since"
+    )
     next_since: int = Field(description="Pass as ?since= to get only lines after these")
     job_status: JobStatus
 

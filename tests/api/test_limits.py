@@ -171,6 +171,21 @@ def test_new_nodes_beyond_the_join_rate_are_told_when_to_come_back(tmp_path: Pat
         assert register(client, "a").status_code == 200  # not a new node: not counted
 
 
+def test_nodes_come_a_page_at_a_time(tmp_path: Path) -> None:
+    with (
+        ThreadedServer(make_settings(tmp_path, max_page_size=3)) as server,
+        httpx.Client(base_url=server.url) as client,
+    ):
+        ids = [register(client, f"n{i}").json()["node_id"] for i in range(5)]
+        client.post(f"/nodes/{ids[1]}/revoke").raise_for_status()
+        first = client.get("/nodes", params={"limit": 100}).json()  # capped at the page size
+        assert [n["id"] for n in first["data"]] == ids[:3] and first["count"] == 5
+        rest = client.get("/nodes", params={"limit": 3, "offset": 3}).json()
+        assert [n["id"] for n in rest["data"]] == ids[3:]
+        live = client.get("/nodes", params={"state": "live"}).json()
+        assert live["count"] == 4 and ids[1] not in [n["id"] for n in live["data"]]
+
+
 def test_a_worker_takes_a_429_as_try_again_later() -> None:
     answer = httpx.Response(429, text="too many", request=httpx.Request("POST", "http://x/"))
     with pytest.raises(ServerUnavailable, match="429"):

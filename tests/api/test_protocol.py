@@ -88,7 +88,7 @@ def test_nccl_without_gpus_stays_queued_with_a_reason(client: httpx.Client) -> N
 
 def heartbeat(client: httpx.Client, name: str) -> datetime:
     """When the node last polled."""
-    node = next(n for n in client.get("/nodes").json() if n["name"] == name)
+    node = next(n for n in client.get("/nodes").json()["data"] if n["name"] == name)
     return datetime.fromisoformat(node["last_heartbeat_at"])
 
 
@@ -361,12 +361,12 @@ def test_a_silent_node_is_lost_and_its_job_fails(tmp_path: Path) -> None:
         wait_for(b_lost_while_a_polls, timeout_s=10, what="node b to be lost")
         view = job(client, job_id)
         assert view["error"]["reason"] == "node_lost" and view["error"]["node"] == "b"
-        nodes = {n["name"]: n["state"] for n in client.get("/nodes").json()}
+        nodes = {n["name"]: n["state"] for n in client.get("/nodes").json()["data"]}
         assert nodes == {"a": "live", "b": "lost"}
         assert a.poll([a_part])["stop"] == [a_part]
         # It comes back: live again, and the lost part is not handed back.
         assert b.poll()["start"] == []
-        assert {n["name"]: n["state"] for n in client.get("/nodes").json()}["b"] == "live"
+        assert {n["name"]: n["state"] for n in client.get("/nodes").json()["data"]}["b"] == "live"
 
 
 def test_a_restarted_worker_loses_what_it_ran(client: httpx.Client) -> None:
@@ -449,7 +449,7 @@ def test_heartbeats_alone_keep_a_node_live_and_say_what_to_stop(tmp_path: Path) 
         while time.monotonic() < deadline:
             assert beat(a, [part_id]) == []
             time.sleep(settings.heartbeat_timeout_s / 3)
-        assert {n["name"]: n["state"] for n in client.get("/nodes").json()} == {"a": "live"}
+        assert {n["name"]: n["state"] for n in client.get("/nodes").json()["data"]} == {"a": "live"}
         assert job(client, job_id)["status"] == "running"
         # Parts the server settled, and parts it never gave this node, are
         # to be stopped; so are parts of a cancelled job.

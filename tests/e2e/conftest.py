@@ -102,7 +102,10 @@ def jobs(cluster: LocalCluster) -> Iterator[Jobs]:
             if job["status"] in ("queued", "running"):
                 client.post(f"/jobs/{job['id']}/cancel")
         deadline = time.monotonic() + 30
-        while any(n["parts"] for n in client.get("/nodes").json()) and time.monotonic() < deadline:
+        while (
+            any(n["parts"] for n in client.get("/nodes").json()["data"])
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.2)
 
 

@@ -93,5 +93,5 @@ def test_a_page_of_another_origin_cannot_cancel_revoke_or_submit(
             finally:
                 browser.close()
         assert client.get(f"/jobs/{job}").json()["status"] == "queued"
-        assert [n["state"] for n in client.get("/nodes").json()] == ["live"]
+        assert [n["state"] for n in client.get("/nodes").json()["data"]] == ["live"]
         assert client.get("/jobs").json()["count"] == 1

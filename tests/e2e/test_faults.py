@@ -47,7 +47,11 @@ def jobs(faulty: LocalCluster) -> Iterator[Jobs]:
         for job in client.get("/jobs", params={"limit": 500}).json()["data"]:
             if job["status"] in ("queued", "running"):
                 client.post(f"/jobs/{job['id']}/cancel")
-        until(lambda: not any(n["parts"] for n in client.get("/nodes").json()), 30, "idle nodes")
+        until(
+            lambda: not any(n["parts"] for n in client.get("/nodes").json()["data"]),
+            30,
+            "idle nodes",
+        )
 
 
 def daemon(cluster: LocalCluster, name: str) -> ManagedProcess:
@@ -153,7 +157,7 @@ def test_a_killed_node_is_lost_and_its_peers_stopped(jobs: Jobs, faulty: LocalCl
     )
     lost_s = time.monotonic() - killed_at
     assert failed["error"]["node"] == victim
-    nodes = {n["name"]: n["state"] for n in jobs.client.get("/nodes").json()}
+    nodes = {n["name"]: n["state"] for n in jobs.client.get("/nodes").json()["data"]}
     assert nodes[victim] == "lost"
     record(
         "kill -9 a worker daemon and its ranks (2-machine job)",

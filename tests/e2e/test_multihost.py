@@ -89,7 +89,11 @@ def jobs(three: tuple[TestHosts, LocalCluster]) -> Iterator[Jobs]:
         for job in client.get("/jobs", params={"limit": 500}).json()["data"]:
             if job["status"] in ("queued", "running"):
                 client.post(f"/jobs/{job['id']}/cancel")
-        until(lambda: not any(n["parts"] for n in client.get("/nodes").json()), 60, "idle nodes")
+        until(
+            lambda: not any(n["parts"] for n in client.get("/nodes").json()["data"]),
+            60,
+            "idle nodes",
+        )
 
 
 def gradient_bytes() -> int:
@@ -186,7 +190,7 @@ def test_a_cut_link_moves_the_job_to_another_host_and_fences_the_stale_ranks(
     with cluster.client() as client:
 
         def state_of(name: str) -> str:
-            nodes = client.get("/nodes").json()
+            nodes = client.get("/nodes").json()["data"]
             state: str = next(n["state"] for n in nodes if n["name"] == name)
             return state
 
@@ -255,7 +259,7 @@ def test_a_checkpoint_slower_than_the_heartbeat_timeout_keeps_its_node_live(
     size, seconds = int(uploads[-1][0]), float(uploads[-1][1])
     assert seconds > 2 * HEARTBEAT_TIMEOUT_S, f"the upload took only {seconds} s"
     with cluster.client() as client:
-        nodes = client.get("/nodes").json()
+        nodes = client.get("/nodes").json()["data"]
     assert all(n["state"] == "live" for n in nodes), nodes
     record(
         "checkpoint upload over a 1.5 Mbit/s link",
@@ -276,7 +280,7 @@ def test_two_workers_without_an_address_on_three_hosts_train_across_them(
         cluster,
     ):
         with cluster.client() as client:
-            nodes = {n["name"]: n for n in client.get("/nodes").json()}
+            nodes = {n["name"]: n for n in client.get("/nodes").json()["data"]}
             for name in ("node-0", "node-1"):
                 # The host name resolves to loopback there; the node still
                 # advertises the address its peers reach it at.

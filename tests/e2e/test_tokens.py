@@ -91,7 +91,7 @@ def test_a_revoked_worker_stops_and_its_job_restarts_on_another(
         assert done["attempts"][0]["error"]["reason"] == "node_revoked"
         assert done["parts"][0]["node_name"] != node
         states = until(
-            lambda: {n["name"]: n["state"] for n in client.get("/nodes").json()},
+            lambda: {n["name"]: n["state"] for n in client.get("/nodes").json()["data"]},
             5,
             "the nodes",
         )

@@ -188,7 +188,7 @@ def test_two_jobs_on_one_host_run_side_by_side(jobs: Jobs) -> None:
 
 def test_nodes_show_what_they_run(jobs: Jobs, cluster: LocalCluster) -> None:
     with cluster.client() as client:
-        nodes = client.get("/nodes").json()
+        nodes = client.get("/nodes").json()["data"]
     assert sorted(n["name"] for n in nodes) == ["node-0", "node-1"]
     assert all(n["state"] == "live" and "crash" in n["trainers"] for n in nodes)
 

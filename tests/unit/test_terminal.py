@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from api.lifecycle import NodeState
-from api.schemas import LogLinePublic, NodePublic
+from api.schemas import LogLinePublic, NodePublic, NodesPublic
 from cli import render
 from cli.commands import _log_line
 from cli.terminal import shown
@@ -34,7 +34,7 @@ def test_a_nodes_address_and_a_log_line_print_without_their_escapes() -> None:
         last_heartbeat_at=NOW,
         parts=[],
     )
-    table = render.nodes_table([node])
+    table = render.nodes_table(NodesPublic(data=[node], count=1))
     line = _log_line(
         LogLinePublic(id=1, machine_id=0, rank=0, text=f"loss{CLEAR_SCREEN}", at=NOW), True
     )
