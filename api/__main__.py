@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from api.main import create_app
 from api.memory import give_large_blocks_back
+from api.serving import allow_open_files, uvicorn_options
 from api.settings import ServerSettings
 
 
@@ -70,12 +71,14 @@ def main(argv: list[str] | None = None) -> None:
     if settings.nice:
         os.nice(settings.nice)
     give_large_blocks_back()
+    allow_open_files(settings.max_connections)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
         access_log=settings.access_log,
+        **uvicorn_options(settings),
         # One process: the scheduler and long-poll wake-ups live in it.
         workers=1,
     )

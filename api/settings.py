@@ -60,6 +60,21 @@ class ServerSettings(BaseSettings):
         description="Origins whose pages may call the API from a browser, comma-separated "
         "(none by default: only the server's own dashboard)",
     )
+    max_connections: int = Field(
+        2048,
+        ge=16,
+        description="Connections and requests served at once (503 beyond); a worker holds "
+        "two (its polls and its heartbeats)",
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="A request's head must arrive within this (then: closed)"
+    )
+    send_timeout_s: float = Field(
+        30.0, gt=0, description="A reader that takes none of its answer this long is cut off"
+    )
+    keep_alive_s: float = Field(
+        5.0, gt=0, description="An idle keep-alive connection is closed after this"
+    )
     log_level: str = "info"
     nice: int = Field(
         0,

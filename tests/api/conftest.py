@@ -14,6 +14,7 @@ import pytest
 import uvicorn
 
 from api.main import create_app
+from api.serving import uvicorn_options
 from api.settings import ServerSettings
 from cli.cluster import free_port
 
@@ -22,7 +23,11 @@ class ThreadedServer:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         config = uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=settings.port, log_level="warning"
+            create_app(settings),
+            host="127.0.0.1",
+            port=settings.port,
+            log_level="warning",
+            **uvicorn_options(settings),
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
