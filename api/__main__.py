@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import ipaddress
 import logging
 import os
+from pathlib import Path
 
 import uvicorn
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
+from sqlalchemy.engine import make_url
 
+from api.local_tokens import announce, load_or_make, withdraw
 from api.main import create_app
 from api.memory import give_large_blocks_back
 from api.serving import allow_open_files, uvicorn_options
@@ -23,8 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
         "variable (shown in brackets); flags win.",
         epilog="Tokens come from the environment only (a flag would show in ps): "
         "DDPO_ADMIN_TOKEN, DDPO_USER_TOKEN, DDPO_READ_TOKEN, DDPO_JOIN_TOKEN (workers join "
-        "with it and get a credential of their own node). With none set, the server answers "
-        "anyone and refuses to bind a non-loopback address. DDPO_CORS_ORIGINS opens the API "
+        "with it and get a credential of their own node). With none set, the server makes an "
+        "admin and a join token on its first start and keeps them beside its database "
+        "(DDPO_TOKEN_FILE), where ddpo and workers on this host find them; DDPO_NO_AUTH=1 "
+        "serves loopback without tokens instead. DDPO_CORS_ORIGINS opens the API "
         "to pages of other origins; DDPO_MAX_BODY_KB caps request bodies.",
     )
     parser.add_argument("--host", help="address to bind [DDPO_HOST, default 127.0.0.1]")
@@ -56,22 +62,14 @@ def main(argv: list[str] | None = None) -> None:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if not settings.tokens_configured and not is_loopback(settings.host):
-        parser.exit(
-            2,
-            f"ddpo-server: refusing to serve on {settings.host}, which is not a loopback "
-            "address, without tokens: anyone who reaches it could run jobs on every node. "
-            "Set DDPO_ADMIN_TOKEN (or DDPO_USER_TOKEN) and DDPO_JOIN_TOKEN, or bind "
-            "127.0.0.1.\n",
-        )
-    if settings.tokens_configured and settings.join_token is None:
-        logging.getLogger("ddpo-server").warning(
-            "tokens are set but DDPO_JOIN_TOKEN is not: no new worker can join"
-        )
+    settings, announced = _tokens(settings, parser)
     if settings.nice:
         os.nice(settings.nice)
     give_large_blocks_back()
     allow_open_files(settings.max_connections)
+    if announced is not None:
+        announce(local_url(settings), announced)
+        atexit.register(withdraw, local_url(settings))
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -82,6 +80,73 @@ def main(argv: list[str] | None = None) -> None:
         # One process: the scheduler and long-poll wake-ups live in it.
         workers=1,
     )
+
+
+def _tokens(
+    settings: ServerSettings, parser: argparse.ArgumentParser
+) -> tuple[ServerSettings, Path | None]:
+    """The settings with the tokens the server will check, and the token
+    file to announce to clients on this host (when it made or kept them)."""
+    log = logging.getLogger("ddpo-server")
+    if settings.no_auth:
+        if not is_loopback(settings.host):
+            parser.exit(
+                2,
+                f"ddpo-server: refusing to serve on {settings.host}, which is not a loopback "
+                "address, with DDPO_NO_AUTH: anyone who reaches it could run jobs on every "
+                "node. Unset DDPO_NO_AUTH (the server then makes tokens), or bind 127.0.0.1.\n",
+            )
+        log.warning(
+            "DDPO_NO_AUTH: serving without tokens; any process on this host, and any page "
+            "its browsers open that gets past the Host and Origin checks, may do anything"
+        )
+        return settings, None
+    if not settings.tokens_configured:
+        settings = with_local_tokens(settings, log)
+        return settings, settings.token_file
+    if settings.join_token is None:
+        log.warning("tokens are set but DDPO_JOIN_TOKEN is not: no new worker can join")
+    return settings, None
+
+
+def with_local_tokens(settings: ServerSettings, log: logging.Logger) -> ServerSettings:
+    """No tokens configured: the ones kept beside the database, made now if
+    there are none yet (an admin token and a join token)."""
+    path = settings.token_file or default_token_file(settings.database_url)
+    tokens, made = load_or_make(path)
+    log.warning(
+        "no tokens configured: %s an admin token and a join token in %s (mode 0600). "
+        "ddpo and workers on this host, for this user, find them there; `ddpo dashboard` "
+        "prints the dashboard's link with the token; elsewhere, `source` that file. "
+        "DDPO_NO_AUTH=1 serves loopback without tokens instead.",
+        "made" if made else "using",
+        path,
+    )
+    return settings.model_copy(
+        update={
+            "admin_token": SecretStr(tokens.admin),
+            "join_token": SecretStr(tokens.join),
+            "token_file": path,
+        }
+    )
+
+
+def default_token_file(database_url: str) -> Path:
+    """Beside a SQLite file (``x.db`` -> ``x-tokens.env``); else the
+    working directory's ``ddpo-tokens.env``."""
+    url = make_url(database_url)
+    database = url.database
+    if url.get_backend_name() == "sqlite" and database and database != ":memory:":
+        where = Path(database).expanduser().resolve()
+        return where.with_name(f"{where.stem}-tokens.env")
+    return Path("ddpo-tokens.env").resolve()
+
+
+def local_url(settings: ServerSettings) -> str:
+    """How a client on this host reaches the server."""
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "") else settings.host
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{settings.port}"
 
 
 def is_loopback(host: str) -> bool:

@@ -102,6 +102,17 @@ class ServerSettings(BaseSettings):
         "only: each node then gets a credential of its own)",
     )
 
+    no_auth: bool = Field(
+        False,
+        description="Serve without tokens: anyone who reaches the server may do anything. "
+        "Loopback only, and never the default (with no tokens set, the server makes them)",
+    )
+    token_file: Path | None = Field(
+        None,
+        description="Where a server started without tokens keeps the ones it makes "
+        "(default: beside a SQLite database, ddpo.db -> ddpo-tokens.env)",
+    )
+
     @property
     def role_tokens(self) -> dict[Role, SecretStr | None]:
         return {
@@ -133,6 +144,11 @@ class ServerSettings(BaseSettings):
         if self.poll_wait_s >= self.heartbeat_timeout_s:
             raise ValueError("DDPO_POLL_WAIT_S must be shorter than DDPO_HEARTBEAT_TIMEOUT_S")
         _check_tokens(self.role_tokens)
+        if self.no_auth and self.tokens_configured:
+            raise ValueError(
+                "DDPO_NO_AUTH is set, and so are tokens: choose one (unset DDPO_NO_AUTH to "
+                "check the tokens)"
+            )
         return self
 
 

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from api import local_tokens
 from cli import kept
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
@@ -50,11 +51,15 @@ def server_url(given: str | None) -> str:
 
 
 def token_for(url: str) -> str | None:
-    """``$DDPO_TOKEN``, else the user token of the kept cluster at ``url``."""
+    """``$DDPO_TOKEN``, else the user token of the kept cluster at ``url``,
+    else the admin token a server on this host made for itself."""
     if os.environ.get("DDPO_TOKEN"):
         return os.environ["DDPO_TOKEN"]
     here = kept.read()
-    return here.token if here is not None and here.server == url else None
+    if here is not None and here.server == url:
+        return here.token
+    made = local_tokens.tokens_for(url)
+    return made.admin if made is not None else None
 
 
 def _detail(response: httpx.Response) -> str:

@@ -22,6 +22,7 @@ from typing import IO
 
 import httpx
 
+from api import local_tokens
 from cli.api import Api
 from cli.hosts import TestHosts
 from worker import cores
@@ -141,6 +142,15 @@ class ClusterTokens:
     def generate(cls) -> ClusterTokens:
         return cls(*(secrets.token_urlsafe(32) for _ in range(4)))
 
+    @classmethod
+    def made_by_server(cls, token_file: Path) -> ClusterTokens:
+        """The admin and join tokens a server started without tokens made:
+        the admin token stands for every person's role."""
+        made = local_tokens.read_token_file(token_file)
+        if made is None:
+            raise RuntimeError(f"the server made no tokens in {token_file}")
+        return cls(admin=made.admin, user=made.admin, read=made.admin, join=made.join)
+
     def server_env(self) -> dict[str, str]:
         return {
             "DDPO_ADMIN_TOKEN": self.admin,
@@ -179,6 +189,9 @@ class LocalCluster:
     # open server (loopback only), for comparing with one.
     secure: bool = True
     tokens: ClusterTokens | None = None
+    # Start the server with no tokens and take the ones it makes (what a
+    # user who sets none gets); its workers find the join token themselves.
+    server_makes_tokens: bool = False
     # Test hosts (cli/hosts.py): the server on the host named "server",
     # each worker on the host named as its node, each with its own address
     # and its share of this machine's cores. None: everything on loopback.
@@ -245,12 +258,14 @@ class LocalCluster:
         self._lock = _hold_state_dir(self.state_dir)
         # A test host has nothing else listening: any port is free there.
         self.port = self.port or (DEFAULT_PORT if self.hosts else free_port())
-        if self.secure and self.tokens is None:
+        if self.secure and self.tokens is None and not self.server_makes_tokens:
             self.tokens = ClusterTokens.generate()
         if self.tokens is not None:
             self.tokens.write_env_file(self.tokens_file, self.url)
         try:
             self.start_server(timeout_s)
+            if self.server_makes_tokens:
+                self.tokens = ClusterTokens.made_by_server(self.state_dir / "ddpo-tokens.env")
             for index in range(self.workers):
                 self.start_worker(f"node-{index}")
             self.wait_for_nodes(self.workers, timeout_s)
@@ -266,7 +281,9 @@ class LocalCluster:
             # yields the cores, so that being watched costs the training as
             # little as it can (BENCHMARKS.md, "50 dashboards").
             "DDPO_NICE": str(SERVER_NICE),
-            **(self.tokens.server_env() if self.tokens else {}),
+            **(self.tokens.server_env() if self.tokens and not self.server_makes_tokens else {}),
+            # Not secure: an open server, said so (loopback only).
+            **({} if self.secure else {"DDPO_NO_AUTH": "1"}),
             **self.server_env,
         }
         self.server = _spawn(
@@ -316,7 +333,14 @@ class LocalCluster:
                 *extra_args,
             ],
             self.state_dir / f"{name}.log",
-            {**self.extra_env, **({"DDPO_JOIN_TOKEN": self.tokens.join} if self.tokens else {})},
+            {
+                **self.extra_env,
+                **(
+                    {"DDPO_JOIN_TOKEN": self.tokens.join}
+                    if self.tokens and not self.server_makes_tokens
+                    else {}
+                ),
+            },
             self.state_dir,
             on=self._on(name),
         )

@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import webbrowser
 from typing import Any
+from urllib.parse import quote
 
 from api.lifecycle import JobStatus, NodeState
 from api.schemas import JobPublic, JobsPublic, LogLinePublic, LogsPublic, NodesPublic
@@ -20,7 +22,8 @@ ENVIRONMENT = (
     "Environment: DDPO_SERVER, the server's URL (default "
     f"{DEFAULT_SERVER}, or the cluster `ddpo local-cluster --keep` keeps on this host); "
     "DDPO_TOKEN, the bearer token presented (a user token, the server's DDPO_USER_TOKEN, "
-    "to submit and cancel; a read token, DDPO_READ_TOKEN, to look)."
+    "to submit and cancel; a read token, DDPO_READ_TOKEN, to look); unset, the kept "
+    "cluster's, or the admin token a server on this host made for itself."
 )
 
 
@@ -258,4 +261,32 @@ def run_nodes(args: argparse.Namespace) -> int:
         _print_json(data)
     else:
         print(render.nodes_table(NodesPublic.model_validate(data)))
+    return 0
+
+
+# --- dashboard ----------------------------------------------------------------
+
+
+def add_dashboard(commands: Any) -> None:
+    parser = commands.add_parser(
+        "dashboard",
+        help="print the dashboard's address, with the token this CLI uses (and open it)",
+    )
+    add_connection_arguments(parser)
+    parser.add_argument("--open", action="store_true", help="open it in the default browser")
+    parser.set_defaults(run=run_dashboard)
+
+
+def run_dashboard(args: argparse.Namespace) -> int:
+    """The token travels in the address's fragment, which a browser never
+    sends: the page keeps it in its own storage and drops it from the address."""
+    url = server_url(getattr(args, "server", None))
+    token = token_for(url)
+    link = f"{url}/ui" + (f"#token={quote(token, safe='')}" if token else "")
+    if args.json:
+        _print_json({"url": link})
+    else:
+        print(link)
+    if args.open:
+        webbrowser.open(link)
     return 0

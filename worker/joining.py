@@ -8,6 +8,9 @@ import os
 import shutil
 import subprocess
 
+from pydantic import SecretStr
+
+from api import local_tokens
 from api.schemas import NodeRegistered, NodeRegistration
 from worker import credentials
 from worker.client import CredentialRefused, Refused, ServerClient
@@ -36,6 +39,16 @@ def count_gpus() -> int:
     return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
 
 
+def _made_join_token(server_url: str) -> SecretStr | None:
+    """The join token a server on this host made for itself (it was started
+    without tokens), if this user may read it."""
+    made = local_tokens.tokens_for(server_url)
+    if made is None:
+        return None
+    log.info("joining with the join token the server on this host made for itself")
+    return SecretStr(made.join)
+
+
 def join(
     client: ServerClient, settings: WorkerSettings, registration: NodeRegistration
 ) -> NodeRegistered:
@@ -59,7 +72,7 @@ def join(
         except Refused as exc:
             raise CannotJoin(str(exc)) from None
     if registered is None:
-        token = settings.join_token
+        token = settings.join_token or _made_join_token(settings.server_url)
         try:
             registered = client.register(registration, token.get_secret_value() if token else None)
         except Refused as exc:

@@ -22,6 +22,17 @@ function esc(value) {
 const TOKEN_KEY = "ddpo-token";
 const storedToken = () => localStorage.getItem(TOKEN_KEY);
 
+// A link from `ddpo dashboard` carries the token in its fragment (#token=...),
+// which browsers never send to a server: keep it, then drop it from the
+// address bar and the history.
+(function takeTokenFromLink() {
+  const given = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (given) {
+    localStorage.setItem(TOKEN_KEY, given);
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+})();
+
 async function api(path, options = {}) {
   const token = storedToken();
   const response = await fetch(path, {
@@ -55,7 +66,8 @@ function askForToken(refused) {
   card.innerHTML = `
     <h2>${refused ? "The saved token was refused" : "This server needs a token"}</h2>
     <p class="muted">Paste a read-only token (the server's DDPO_READ_TOKEN) to watch jobs, or a
-      user token (DDPO_USER_TOKEN) to submit and cancel too. It is kept in this browser only.</p>
+      user token (DDPO_USER_TOKEN) to submit and cancel too. It is kept in this browser only.
+      On the server's host, <code>ddpo dashboard</code> prints a link that carries one.</p>
     <label>Token <input name="token" type="password" autocomplete="off" required></label>
     <button type="submit">Save</button>`;
   card.addEventListener("submit", (event) => {

@@ -214,14 +214,19 @@ def test_the_server_will_not_serve_a_network_without_tokens() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDPO_") or "TOKEN" not in k}
     done = subprocess.run(
         [sys.executable, "-m", "api", "--host", "0.0.0.0", "--port", str(free_port())],
-        env={**env, "PYTHONPATH": str(REPO), "DATABASE_URL": "sqlite:///:memory:"},
+        env={
+            **env,
+            "PYTHONPATH": str(REPO),
+            "DATABASE_URL": "sqlite:///:memory:",
+            "DDPO_NO_AUTH": "1",
+        },
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 2
     assert "refusing to serve on 0.0.0.0" in done.stderr
-    assert "DDPO_ADMIN_TOKEN" in done.stderr
+    assert "DDPO_NO_AUTH" in done.stderr
 
 
 @pytest.mark.parametrize(
@@ -231,6 +236,10 @@ def test_the_server_will_not_serve_a_network_without_tokens() -> None:
         (
             {"DDPO_USER_TOKEN": TOKENS[Role.USER], "DDPO_JOIN_TOKEN": TOKENS[Role.USER]},
             ["DDPO_USER_TOKEN and DDPO_JOIN_TOKEN are the same token"],
+        ),
+        (
+            {"DDPO_ADMIN_TOKEN": TOKENS[Role.ADMIN], "DDPO_NO_AUTH": "1"},
+            ["DDPO_NO_AUTH is set, and so are tokens"],
         ),
     ],
 )

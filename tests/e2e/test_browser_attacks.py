@@ -1,9 +1,14 @@
 """A page of another origin, open in the user's Chromium, against a server
-on loopback that checks no tokens: it cannot cancel, revoke or submit."""
+on loopback started with no tokens configured (it makes its own), or told
+to check none (DDPO_NO_AUTH): it cannot cancel, revoke or submit. And the
+link ``ddpo dashboard`` prints opens the dashboard with the made token."""
 
 from __future__ import annotations
 
 import http.server
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +19,7 @@ import pytest
 
 from cli.cluster import LocalCluster, free_port
 from tests.e2e import test_dashboard
-from tests.e2e.test_dashboard import CHROMIUM, CHROMIUM_ARGS, sync_api
+from tests.e2e.test_dashboard import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, sync_api
 
 pytestmark = test_dashboard.pytestmark  # skipped, or failed in CI, without a Chromium
 
@@ -32,10 +37,16 @@ Promise.allSettled([
 </script></body></html>"""
 
 
-@pytest.fixture
-def open_server(tmp_path: Path) -> Iterator[LocalCluster]:
+@pytest.fixture(params=["tokens it made", "no auth"])
+def open_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalCluster]:
+    """A server started with no tokens: it makes them, or is told to check none."""
     cluster = LocalCluster(
-        state_dir=tmp_path / "cluster", data_dir=tmp_path, workers=0, secure=False
+        state_dir=tmp_path / "cluster",
+        data_dir=tmp_path,
+        workers=0,
+        secure=request.param != "no auth",
+        server_makes_tokens=request.param != "no auth",
+        extra_env={"XDG_RUNTIME_DIR": str(tmp_path / "runtime")},
     )
     try:
         cluster.start()
@@ -71,12 +82,19 @@ def test_a_page_of_another_origin_cannot_cancel_revoke_or_submit(
     open_server: LocalCluster, elsewhere: tuple[Path, str]
 ) -> None:
     folder, origin = elsewhere
-    with httpx.Client(base_url=open_server.url, timeout=10) as client:
+    join = {"Authorization": f"Bearer {open_server.tokens.join}"} if open_server.tokens else {}
+    with httpx.Client(
+        base_url=open_server.url, timeout=10, headers=open_server.headers("admin")
+    ) as client:
         # Two machines: it waits, queued, beside the one node registered here.
         two = {"topology": {"num_machines": 2, "num_processes": 1}}
         job = client.post("/jobs", json=two).raise_for_status().json()["id"]
         node = (
-            client.post("/nodes/register", json={"name": "victim", "address": "127.0.0.1"})
+            client.post(
+                "/nodes/register",
+                json={"name": "victim", "address": "127.0.0.1"},
+                headers=join,
+            )
             .raise_for_status()
             .json()["node_id"]
         )
@@ -95,3 +113,45 @@ def test_a_page_of_another_origin_cannot_cancel_revoke_or_submit(
         assert client.get(f"/jobs/{job}").json()["status"] == "queued"
         assert [n["state"] for n in client.get("/nodes").json()["data"]] == ["live"]
         assert client.get("/jobs").json()["count"] == 1
+
+
+def test_the_link_ddpo_dashboard_prints_opens_the_dashboard_with_the_made_token(
+    tmp_path: Path,
+) -> None:
+    runtime = tmp_path / "runtime"
+    with LocalCluster(
+        state_dir=tmp_path / "cluster",
+        data_dir=tmp_path,
+        workers=0,
+        server_makes_tokens=True,
+        extra_env={"XDG_RUNTIME_DIR": str(runtime)},
+    ) as cluster:
+        assert httpx.get(f"{cluster.url}/jobs").status_code == 401
+        httpx.post(
+            f"{cluster.url}/jobs", json={"name": "seen"}, headers=cluster.headers("admin")
+        ).raise_for_status()
+        env = {
+            **{k: v for k, v in os.environ.items() if k not in ("DDPO_TOKEN", "DDPO_SERVER")},
+            "XDG_RUNTIME_DIR": str(runtime),
+            "DDPO_CLUSTER_FILE": str(tmp_path / "no-kept-cluster.json"),
+        }
+        link = subprocess.run(
+            [sys.executable, "-m", "cli", "--server", cluster.url, "dashboard"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
+        assert link.startswith(f"{cluster.url}/ui#token=")
+        with sync_api.sync_playwright() as playwright:
+            assert CHROMIUM is not None, "no chromium on PATH"
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                tab = browser.new_page()
+                tab.goto(link)
+                tab.get_by_text("seen").first.wait_for(timeout=20_000)
+                assert "token" not in tab.url  # dropped from the address once kept
+                tab.screenshot(path=str(ARTIFACTS / "dashboard-made-token.png"), full_page=True)
+            finally:
+                browser.close()

@@ -4,7 +4,10 @@ a revoked worker is shut out, and no token appears in any log or answer."""
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -96,3 +99,52 @@ def test_a_revoked_worker_stops_and_its_job_restarts_on_another(
             "the nodes",
         )
         assert states[node] == "revoked"
+
+
+def test_a_server_started_without_tokens_makes_them_and_clients_here_find_them(
+    tmp_path: Path,
+) -> None:
+    """No token set anywhere: the server makes an admin and a join token,
+    keeps them beside its database (0600), and keeps them over a restart; a
+    worker on this host joins and ``ddpo`` lists jobs, neither told a token."""
+    runtime = tmp_path / "runtime"
+    cluster = LocalCluster(
+        state_dir=tmp_path / "cluster",
+        data_dir=tmp_path,
+        workers=1,
+        server_makes_tokens=True,
+        extra_env={"XDG_RUNTIME_DIR": str(runtime)},
+    )
+    with cluster:
+        made = cluster.state_dir / "ddpo-tokens.env"
+        assert stat.S_IMODE(made.stat().st_mode) == 0o600
+        assert cluster.tokens is not None
+        first = cluster.tokens
+        assert httpx.get(f"{cluster.url}/jobs").status_code == 401  # tokens, always
+        assert cluster.server is not None and "ddpo-tokens.env" in cluster.server.log_tail()
+        env = {
+            **{k: v for k, v in os.environ.items() if k not in ("DDPO_TOKEN", "DDPO_SERVER")},
+            "XDG_RUNTIME_DIR": str(runtime),
+            "DDPO_CLUSTER_FILE": str(tmp_path / "no-kept-cluster.json"),
+        }
+        submitted = subprocess.run(
+            [sys.executable, "-m", "cli", "--server", cluster.url, "list"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        assert "(0 of 0)" in submitted.stdout
+        # A restart: the same tokens, from the same file.
+        assert cluster.server is not None
+        cluster.server.stop()
+        cluster.start_server()
+        assert ClusterTokens.made_by_server(made) == first
+        assert httpx.get(f"{cluster.url}/jobs", headers=cluster.headers("admin")).is_success
+        with cluster.client() as client:
+            until(
+                lambda: client.get("/nodes", params={"state": "live"}).json()["count"] == 1,
+                30,
+                "the worker back",
+            )

@@ -11,8 +11,10 @@ import pytest
 
 from tests.conftest import REPO
 
-# api's pure value modules: no HTTP, no database, no decisions.
-VALUES = ("api.lifecycle", "api.failures", "api.schemas")
+# api's pure value modules: no HTTP, no database, no decisions; and the
+# files a server leaves for clients on its host (a format that the CLI and
+# workers read).
+VALUES = ("api.lifecycle", "api.failures", "api.schemas", "api.local_tokens")
 HTTP = ("fastapi", "starlette", "uvicorn")
 
 
