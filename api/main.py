@@ -23,6 +23,7 @@ from api.auth import AuthMiddleware, TokenBook
 from api.core.clock import tick
 from api.core.context import Core
 from api.core.errors import DomainError
+from api.core.retention import prune
 from api.deps import refuse_unknown_query
 from api.head import HeadAsGet
 from api.host_check import HostCheck, OriginCheck, allowed_hosts
@@ -35,7 +36,7 @@ from api.routes import dashboard, health, jobs, nodes, parts, prometheus, studie
 from api.settings import ServerSettings
 from db import queries
 from db.engine import Database
-from db.models import Attempt, Part
+from db.models import Attempt, Part, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +169,7 @@ def _wake_polls(notifier: Notifier, rows: Sequence[object]) -> None:
 async def _sweep_forever(core: Core, duration: Histogram, cache: ReadCache) -> None:
     settings = core.settings
     loop = asyncio.get_running_loop()
+    pruned_at = loop.time()
     while True:
         asked = loop.time()
         await asyncio.sleep(settings.sweep_interval_s)
@@ -180,8 +182,11 @@ async def _sweep_forever(core: Core, duration: Histogram, cache: ReadCache) -> N
         try:
             cache.drop_expired()
             await run_in_threadpool(_timed_tick, core, judge_nodes, duration)
+            if loop.time() - pruned_at >= settings.retention_interval_s:
+                pruned_at = loop.time()
+                await run_in_threadpool(prune, core, utcnow())
         except Exception:  # keep sweeping: a transient database error must not end it
-            log.exception("sweep for lost nodes, deadlines and retries failed")
+            log.exception("sweep for lost nodes, deadlines, retries and old data failed")
 
 
 def _timed_tick(core: Core, judge_nodes: bool, duration: Histogram) -> None:

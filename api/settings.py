@@ -44,6 +44,32 @@ class ServerSettings(BaseSettings):
     retry_backoff_max_s: float = Field(60.0, ge=0, description="Longest wait between attempts")
     artifacts_dir: Path = Field(Path("./artifacts"), description="Uploaded checkpoints")
     max_checkpoint_mb: int = Field(2048, ge=1, description="Largest checkpoint accepted")
+    artifacts_quota_mb: int = Field(
+        20480,
+        ge=1,
+        description="Disk the checkpoints kept and arriving may use together (507 beyond)",
+    )
+    log_retention_days: float = Field(
+        30.0,
+        gt=0,
+        description="Log lines and progress rows of a job that ended longer ago are deleted "
+        "(the job, its result and its timing stay)",
+    )
+    max_log_lines_per_job: int = Field(
+        200_000, ge=1, description="A job keeps its newest this many log lines"
+    )
+    checkpoint_retention_days: float = Field(
+        7.0, gt=0, description="The final model of a job that ended longer ago is deleted"
+    )
+    max_kept_checkpoints: int = Field(
+        50, ge=0, description="Ended jobs that keep their final model: the most recent ones"
+    )
+    idempotency_key_hours: float = Field(
+        24.0,
+        gt=0,
+        description="An Idempotency-Key returns its job for this long; later, it makes a new one",
+    )
+    retention_interval_s: float = Field(60.0, gt=0, description="How often old data is pruned")
     max_body_kb: int = Field(
         16384,
         ge=1,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from sqlalchemy import func
+from sqlalchemy import Select, delete, func, or_, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -242,7 +242,7 @@ def node_credentials(*, session: Session) -> list[tuple[int, str]]:
 
 def count_unrevoked_nodes(*, session: Session) -> int:
     statement = select(func.count()).select_from(Node).where(Node.state != NodeState.REVOKED)
-    return int(session.exec(statement).one())
+    return int(session.exec(statement).one() or 0)
 
 
 def list_nodes(
@@ -369,3 +369,85 @@ def node_counts_by_state(*, session: Session) -> dict[NodeState, int]:
 def part_count(*, session: Session) -> int:
     """Every machine id ever handed to a node: the claims made."""
     return int(session.exec(select(func.count()).select_from(Part)).one())
+
+
+# --- retention ----------------------------------------------------------------
+
+ENDED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+def expire_idempotency_keys(*, session: Session, created_before: datetime) -> int:
+    """Free the keys of jobs made before then; how many."""
+    statement = (
+        update(Job)
+        .where(col(Job.idempotency_key).is_not(None), col(Job.created_at) < created_before)
+        .values(idempotency_key=None)
+    )
+    return int(session.execute(statement).rowcount or 0)  # type: ignore[attr-defined]
+
+
+def jobs_ended_before(*, session: Session, before: datetime) -> list[int]:
+    statement = select(col(Job.id)).where(col(Job.status).in_(ENDED), col(Job.finished_at) < before)
+    return [i for i in session.exec(statement).all() if i is not None]
+
+
+def jobs_active_or_ended_after(*, session: Session, after: datetime) -> list[int]:
+    statement = select(col(Job.id)).where(
+        or_(col(Job.status).not_in(ENDED), col(Job.finished_at) >= after)
+    )
+    return [i for i in session.exec(statement).all() if i is not None]
+
+
+def _delete_rows(session: Session, table: type[LogRow] | type[ProgressRow], ids: Select) -> int:  # type: ignore[type-arg]
+    statement = delete(table).where(col(table.id).in_(ids.scalar_subquery()))
+    return int(session.execute(statement).rowcount or 0)  # type: ignore[attr-defined]
+
+
+def delete_logs_of_jobs(*, session: Session, job_ids: list[int], limit: int) -> int:
+    if not job_ids:
+        return 0
+    ids = sa_select(col(LogRow.id)).where(col(LogRow.job_id).in_(job_ids)).limit(limit)
+    return _delete_rows(session, LogRow, ids)
+
+
+def delete_progress_of_jobs(*, session: Session, job_ids: list[int], limit: int) -> int:
+    if not job_ids:
+        return 0
+    ids = sa_select(col(ProgressRow.id)).where(col(ProgressRow.job_id).in_(job_ids)).limit(limit)
+    return _delete_rows(session, ProgressRow, ids)
+
+
+def delete_logs_beyond(*, session: Session, job_id: int, keep: int, limit: int) -> int:
+    """Delete the job's oldest lines beyond its newest ``keep`` (at most ``limit``)."""
+    newest_dropped = session.exec(
+        select(col(LogRow.id))
+        .where(LogRow.job_id == job_id)
+        .order_by(col(LogRow.id).desc())
+        .offset(keep)
+        .limit(1)
+    ).first()
+    if newest_dropped is None:
+        return 0
+    ids = (
+        sa_select(col(LogRow.id))
+        .where(col(LogRow.job_id) == job_id, col(LogRow.id) <= newest_dropped)
+        .limit(limit)
+    )
+    return _delete_rows(session, LogRow, ids)
+
+
+def ended_jobs_with_checkpoints(*, session: Session) -> list[Job]:
+    """Ended jobs that still keep a checkpoint file, most recently ended first."""
+    statement = (
+        select(Job)
+        .where(col(Job.status).in_(ENDED), col(Job.checkpoint_file).is_not(None))
+        .order_by(col(Job.finished_at).desc(), col(Job.id).desc())
+    )
+    return list(session.exec(statement).all())
+
+
+def checkpoint_bytes_kept(*, session: Session) -> int:
+    statement = select(func.coalesce(func.sum(Job.checkpoint_bytes), 0)).where(
+        col(Job.checkpoint_file).is_not(None)
+    )
+    return int(session.exec(statement).one() or 0)

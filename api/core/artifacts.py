@@ -12,6 +12,7 @@ from api.core import lookup
 from api.core.context import Core
 from api.core.errors import Conflict, NotFound
 from api.settings import ServerSettings
+from db import queries
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,14 @@ def check_upload(core: Core, part_id: int, node_id: int, epoch: int) -> None:
         epochs = lookup.job(session, part.job_id).spec.epochs
         if epoch > epochs:
             raise Conflict(f"epoch: job {part.job_id} has {epochs} epoch(s), not {epoch}")
+
+
+def quota_left(core: Core) -> int:
+    """Bytes an upload may still add: the quota less what is kept and what
+    other uploads have brought so far."""
+    with core.db.read() as session:
+        kept = queries.checkpoint_bytes_kept(session=session)
+    return core.settings.artifacts_quota_mb * 2**20 - kept - core.uploads.arriving_bytes()
 
 
 def keep_checkpoint(
@@ -74,8 +83,12 @@ def checkpoint_path(core: Core, job_id: int) -> tuple[Path, int]:
         job = lookup.job(session, job_id)
         if job.checkpoint_file is None or job.checkpoint_epoch is None:
             raise NotFound(
-                f"job {job_id} has no checkpoint: it ended ({job.status.value}) before its "
-                "first epoch did"
+                f"job {job_id} has no checkpoint: its final model, of epoch "
+                f"{job.checkpoint_epoch}, was removed (DDPO_CHECKPOINT_RETENTION_DAYS, "
+                "DDPO_MAX_KEPT_CHECKPOINTS)"
+                if job.status.is_terminal() and job.checkpoint_epoch is not None
+                else f"job {job_id} has no checkpoint: it ended ({job.status.value}) before "
+                "its first epoch did"
                 if job.status.is_terminal()
                 else f"job {job_id} has no checkpoint yet: rank 0 writes one at the end "
                 "of every epoch"

@@ -59,6 +59,35 @@ class JoinRate:
             return 0.0
 
 
+class Uploads:
+    """Checkpoint uploads arriving now: one at a time per part (a node
+    cannot open many at once), and their bytes so far (against the quota)."""
+
+    def __init__(self) -> None:
+        self._bytes: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def begin(self, part_id: int) -> bool:
+        """False if the part is uploading already."""
+        with self._lock:
+            if part_id in self._bytes:
+                return False
+            self._bytes[part_id] = 0
+            return True
+
+    def grew(self, part_id: int, size: int) -> None:
+        with self._lock:
+            self._bytes[part_id] = size
+
+    def end(self, part_id: int) -> None:
+        with self._lock:
+            self._bytes.pop(part_id, None)
+
+    def arriving_bytes(self) -> int:
+        with self._lock:
+            return sum(self._bytes.values())
+
+
 @dataclass
 class PlanMemo:
     """What the tick's last plan was made from: the write counts of the
@@ -82,6 +111,7 @@ class Core:
     sightings: Sightings = field(default_factory=Sightings)
     joins: JoinRate = field(init=False)
     plan_memo: PlanMemo = field(default_factory=PlanMemo)
+    uploads: Uploads = field(default_factory=Uploads)
 
     def __post_init__(self) -> None:
         self.joins = JoinRate(self.settings.registrations_per_minute)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from api.core import lookup
 from api.core.context import Core
@@ -23,6 +24,11 @@ def submit_job(core: Core, spec: JobSpec, idempotency_key: str | None = None) ->
     with core.db.write() as session:
         if idempotency_key is not None:
             existing = queries.get_job_by_idempotency_key(session=session, key=idempotency_key)
+            expires = timedelta(hours=core.settings.idempotency_key_hours)
+            if existing is not None and existing.created_at <= utcnow() - expires:
+                existing.idempotency_key = None  # expired: the key is free again
+                session.flush()
+                existing = None
             if existing is not None:
                 assert existing.id is not None
                 if existing.spec != spec:

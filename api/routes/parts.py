@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from api import route_table
 from api.auth import acting_for
 from api.core import artifacts, reports
+from api.core.context import Core
 from api.deps import CallerNodeDep, CoreDep, PartId, SettingsDep
 from api.routes import endpoint
 from api.schemas import (
@@ -98,29 +103,56 @@ async def upload_checkpoint(
     The newest one is served at ``GET /jobs/{id}/model``."""
     acting_for(caller_node, node_id)
     await run_in_threadpool(artifacts.check_upload, core, part_id, node_id, epoch)
-    limit = settings.max_checkpoint_mb * 2**20
+    if not core.uploads.begin(part_id):
+        raise HTTPException(409, f"part {part_id} is uploading a checkpoint already")
     staged = artifacts.staging_path(settings)
-    size = 0
     try:
-        with open(staged, "wb") as f:
-            async for chunk in request.stream():
-                # Bytes arriving are a live node, over however slow a link.
-                core.sightings.saw(node_id)
-                size += len(chunk)
-                if size > limit:
-                    raise HTTPException(
-                        413,
-                        "body: checkpoint larger than "
-                        f"DDPO_MAX_CHECKPOINT_MB={settings.max_checkpoint_mb}",
-                    )
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        if size == 0:
-            raise HTTPException(400, "body: the checkpoint is empty")
+        size = await _receive(request, core, part_id, node_id, staged)
         accepted = await run_in_threadpool(
             artifacts.keep_checkpoint, core, part_id, node_id, epoch, staged, size
         )
     finally:
+        core.uploads.end(part_id)
         staged.unlink(missing_ok=True)
     return Ack(accepted=accepted)
+
+
+@contextlib.contextmanager
+def _cut_off_is_a_400() -> Iterator[None]:
+    """A node that went away mid-upload is a client's doing, not the server's."""
+    try:
+        yield
+    except ClientDisconnect:
+        raise HTTPException(400, "body: the upload was cut off before its end") from None
+
+
+async def _receive(request: Request, core: Core, part_id: int, node_id: int, staged: Path) -> int:
+    """The upload's bytes into ``staged``, within the size cap and the quota."""
+    settings = core.settings
+    limit = settings.max_checkpoint_mb * 2**20
+    room = await run_in_threadpool(artifacts.quota_left, core)
+    size = 0
+    with open(staged, "wb") as f, _cut_off_is_a_400():
+        async for chunk in request.stream():
+            # Bytes arriving are a live node, over however slow a link.
+            core.sightings.saw(node_id)
+            size += len(chunk)
+            if size > limit:
+                raise HTTPException(
+                    413,
+                    "body: checkpoint larger than "
+                    f"DDPO_MAX_CHECKPOINT_MB={settings.max_checkpoint_mb}",
+                )
+            if size > room:
+                raise HTTPException(
+                    413,
+                    "body: the checkpoints kept and arriving would pass "
+                    f"DDPO_ARTIFACTS_QUOTA_MB={settings.artifacts_quota_mb}",
+                )
+            core.uploads.grew(part_id, size)
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    if size == 0:
+        raise HTTPException(400, "body: the checkpoint is empty")
+    return size
