@@ -32,7 +32,7 @@ from api.limits import BodyLimitMiddleware
 from api.monitoring import LatencyMiddleware, make_registry
 from api.notifier import Notifier
 from api.read_cache import ReadCache, ReadCacheMiddleware
-from api.routes import dashboard, health, jobs, nodes, parts, prometheus, studies
+from api.routes import dashboard, health, jobs, nodes, parts, prometheus, reference, studies
 from api.settings import ServerSettings
 from db import queries
 from db.engine import Database
@@ -71,6 +71,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         summary="A REST-controlled orchestrator for distributed PyTorch training",
         version="0.1.0",
         lifespan=lifespan,
+        # Served from installed files (api/routes/reference.py), not a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.db = db
@@ -82,7 +85,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.add_middleware(LatencyMiddleware, latency=app.state.latency)
     for router in (jobs.router, studies.router, nodes.router, parts.router):
         app.include_router(router, dependencies=[Depends(refuse_unknown_query)])
-    for router in (health.router, prometheus.router, dashboard.router):
+    for router in (health.router, prometheus.router, dashboard.router, reference.router):
         app.include_router(router)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(IllegalTransition, _illegal_transition)

@@ -45,6 +45,7 @@ DASHBOARD_STATIC = Route("GET", "/ui/static/{name}", PUBLIC)
 OPENAPI = Route("GET", "/openapi.json", PUBLIC)
 DOCS = Route("GET", "/docs", PUBLIC)
 DOCS_OAUTH = Route("GET", "/docs/oauth2-redirect", PUBLIC)
+DOCS_STATIC = Route("GET", "/docs/static/{name}", PUBLIC)
 REDOC = Route("GET", "/redoc", PUBLIC)
 PROMETHEUS = Route("GET", "/metrics", READ)
 

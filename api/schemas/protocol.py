@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -38,7 +38,9 @@ class NodeRegistration(Strict):
     slots: int = Field(1, ge=1, le=64, description="Job parts it runs at once")
     gpus: int = Field(0, ge=0, le=64)
     cpus: int = Field(1, ge=1, le=4096)
-    trainers: list[str] = Field(default_factory=lambda: ["mnist"], max_length=64)
+    trainers: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(
+        default_factory=lambda: ["mnist"], max_length=64, description="Trainer names it offers"
+    )
 
 
 class NodeRegistered(BaseModel):

@@ -18,7 +18,7 @@ import pytest
 from fastapi import FastAPI
 
 from api.auth import PUBLIC, Role, rule_for
-from api.routes import dashboard
+from api.routes import dashboard, reference
 from cli.cluster import free_port
 from tests.api.conftest import ProtocolNode, ThreadedServer, bearer, make_settings
 from tests.conftest import REPO
@@ -123,7 +123,7 @@ def app_requests(server: ThreadedServer) -> list[tuple[str, str]]:
         for path, operations in app.openapi()["paths"].items()
         for method in operations
     }
-    plain = [*app.routes, *dashboard.router.routes]
+    plain = [*app.routes, *dashboard.router.routes, *reference.router.routes]
     for route in plain:
         path = getattr(route, "path", None)
         for method in getattr(route, "methods", None) or ():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -177,3 +178,16 @@ def test_the_openapi_document_says_which_routes_need_a_bearer_token(
     assert paths["/jobs"]["post"]["description"].endswith("Roles: admin, user.")
     assert paths["/nodes/{node_id}/revoke"]["post"]["description"].endswith("Roles: admin.")
     assert "security" not in paths["/healthz"]["get"]
+
+
+def test_the_api_reference_loads_only_files_this_server_serves(client: httpx.Client) -> None:
+    for reference in ("/docs", "/redoc"):
+        page = client.get(reference)
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        sources = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+        assert sources and all(s.startswith("/") for s in sources), sources  # no CDN
+        assert "/openapi.json" in page.text
+        for source in sources:
+            served = client.get(source)
+            assert served.status_code == 200 and len(served.content) > 100, source
+    assert client.get("/docs/static/../settings.py").status_code == 404

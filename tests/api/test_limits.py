@@ -190,3 +190,20 @@ def test_a_worker_takes_a_429_as_try_again_later() -> None:
     answer = httpx.Response(429, text="too many", request=httpx.Request("POST", "http://x/"))
     with pytest.raises(ServerUnavailable, match="429"):
         ServerClient._check("/nodes/register", answer)
+
+
+def test_every_string_a_node_registers_with_is_bounded(tmp_path: Path) -> None:
+    with (
+        ThreadedServer(make_settings(tmp_path)) as server,
+        httpx.Client(base_url=server.url) as client,
+    ):
+        body = {"name": "a", "address": "127.0.0.1"}
+        for field, value in (
+            ("trainers", ["x" * 65]),
+            ("trainers", ["t"] * 65),
+            ("address", "a" * 256),
+            ("name", "n" * 65),
+        ):
+            refused = client.post("/nodes/register", json={**body, field: value})
+            assert refused.status_code == 422, (field, refused.text)
+            assert refused.json()["detail"][0]["msg"].startswith(field), refused.text

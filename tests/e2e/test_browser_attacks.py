@@ -115,7 +115,7 @@ def test_a_page_of_another_origin_cannot_cancel_revoke_or_submit(
         assert client.get("/jobs").json()["count"] == 1
 
 
-def test_the_link_ddpo_dashboard_prints_opens_the_dashboard_with_the_made_token(
+def test_the_dashboard_link_and_the_api_reference_work_on_a_server_that_made_its_tokens(
     tmp_path: Path,
 ) -> None:
     runtime = tmp_path / "runtime"
@@ -153,5 +153,17 @@ def test_the_link_ddpo_dashboard_prints_opens_the_dashboard_with_the_made_token(
                 tab.get_by_text("seen").first.wait_for(timeout=20_000)
                 assert "token" not in tab.url  # dropped from the address once kept
                 tab.screenshot(path=str(ARTIFACTS / "dashboard-made-token.png"), full_page=True)
+                # The API reference: Swagger UI from this server's own files, offline.
+                elsewhere: list[str] = []
+                tab.on(
+                    "request",
+                    lambda r: None if r.url.startswith(cluster.url) else elsewhere.append(r.url),
+                )
+                tab.goto(f"{cluster.url}/docs")
+                tab.locator(".opblock").first.wait_for(timeout=20_000)
+                assert tab.locator(".opblock").count() > 20
+                assert tab.locator(".authorize").count() >= 1  # it can send a token
+                assert elsewhere == []
+                tab.screenshot(path=str(ARTIFACTS / "api-reference.png"), full_page=False)
             finally:
                 browser.close()

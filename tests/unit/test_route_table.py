@@ -7,20 +7,20 @@ from pathlib import Path
 
 from api import route_table
 from api.main import create_app
-from api.routes import dashboard
+from api.routes import dashboard, reference
 from api.settings import ServerSettings
 
 
 def served(tmp_path: Path) -> set[tuple[str, str]]:
     """What the app serves: its OpenAPI document's routes, the ones FastAPI
-    adds itself and the dashboard's (kept out of the document)."""
+    adds itself, the dashboard's and the API reference's (kept out of the document)."""
     app = create_app(ServerSettings(database_url=f"sqlite:///{tmp_path / 'r.db'}"))
     found = {
         (method.upper(), path)
         for path, operations in app.openapi()["paths"].items()
         for method in operations
     }
-    for route in [*app.routes, *dashboard.router.routes]:
+    for route in [*app.routes, *dashboard.router.routes, *reference.router.routes]:
         for method in getattr(route, "methods", None) or ():
             if method != "HEAD":
                 found.add((method, route.path))
