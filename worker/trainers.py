@@ -1,11 +1,15 @@
 """Trainers a node can run, by name. Jobs name a trainer; they never carry
-code. Operators add their own with ``--trainer name=module:attribute``."""
+code. Installed packages declare trainers in the ``ddpo.trainers``
+entry-point group (``name = "module:attribute"``, as this project declares
+its MNIST trainer); operators add local modules with ``--trainer
+name=module:attribute``, which wins over a package's trainer of that name."""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +17,10 @@ if TYPE_CHECKING:
     from api.schemas import JobSpec, TrainResult
     from worker.context import TrainContext
 
+# The entry-point group installed packages declare their trainers in.
+ENTRY_POINTS = "ddpo.trainers"
+# This project's own, also declared in its pyproject.toml: here too, so that
+# a checkout run without being installed still has it.
 BUILTIN: dict[str, str] = {"mnist": "worker.mnist:TRAINER"}
 
 
@@ -31,8 +39,13 @@ class Trainer:
     warm: Callable[[Path], None] | None = None
 
 
+def installed() -> dict[str, str]:
+    """name -> "module:attribute" of every trainer installed packages declare."""
+    return {point.name: point.value for point in entry_points(group=ENTRY_POINTS)}
+
+
 def available(extra: dict[str, str]) -> dict[str, str]:
-    return {**BUILTIN, **extra}
+    return {**BUILTIN, **installed(), **extra}
 
 
 def resolve(name: str, extra: dict[str, str]) -> Trainer:

@@ -4,6 +4,9 @@ real worker daemons, shared by the end-to-end tests; always torn down."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -169,3 +172,20 @@ def until(check: Callable[[], T], timeout_s: float, what: str) -> T:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.05)
+
+
+def ddpo_told_no_token(url: str, runtime: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``ddpo --server url ARGS`` with no token in its environment and no kept
+    cluster: what it finds, it finds through the runtime directory."""
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("DDPO_TOKEN", "DDPO_SERVER")},
+        "XDG_RUNTIME_DIR": str(runtime),
+        "DDPO_CLUSTER_FILE": str(runtime / "no-kept-cluster.json"),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "cli", "--server", url, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )

@@ -6,9 +6,6 @@ link ``ddpo dashboard`` prints opens the dashboard with the made token."""
 from __future__ import annotations
 
 import http.server
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +16,7 @@ import pytest
 
 from cli.cluster import LocalCluster, free_port
 from tests.e2e import test_dashboard
+from tests.e2e.conftest import ddpo_told_no_token
 from tests.e2e.test_dashboard import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, sync_api
 
 pytestmark = test_dashboard.pytestmark  # skipped, or failed in CI, without a Chromium
@@ -130,19 +128,9 @@ def test_the_dashboard_link_and_the_api_reference_work_on_a_server_that_made_its
         httpx.post(
             f"{cluster.url}/jobs", json={"name": "seen"}, headers=cluster.headers("admin")
         ).raise_for_status()
-        env = {
-            **{k: v for k, v in os.environ.items() if k not in ("DDPO_TOKEN", "DDPO_SERVER")},
-            "XDG_RUNTIME_DIR": str(runtime),
-            "DDPO_CLUSTER_FILE": str(tmp_path / "no-kept-cluster.json"),
-        }
-        link = subprocess.run(
-            [sys.executable, "-m", "cli", "--server", cluster.url, "dashboard"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout.strip()
+        shown = ddpo_told_no_token(cluster.url, runtime, "dashboard")
+        assert shown.returncode == 0, shown.stderr
+        link = shown.stdout.strip()
         assert link.startswith(f"{cluster.url}/ui#token=")
         with sync_api.sync_playwright() as playwright:
             assert CHROMIUM is not None, "no chromium on PATH"

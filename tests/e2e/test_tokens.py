@@ -4,17 +4,14 @@ a revoked worker is shut out, and no token appears in any log or answer."""
 
 from __future__ import annotations
 
-import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 from cli.cluster import ClusterTokens, LocalCluster
-from tests.e2e.conftest import Jobs, until
+from tests.e2e.conftest import Jobs, ddpo_told_no_token, until
 
 pytestmark = pytest.mark.e2e
 
@@ -122,18 +119,7 @@ def test_a_server_started_without_tokens_makes_them_and_clients_here_find_them(
         first = cluster.tokens
         assert httpx.get(f"{cluster.url}/jobs").status_code == 401  # tokens, always
         assert cluster.server is not None and "ddpo-tokens.env" in cluster.server.log_tail()
-        env = {
-            **{k: v for k, v in os.environ.items() if k not in ("DDPO_TOKEN", "DDPO_SERVER")},
-            "XDG_RUNTIME_DIR": str(runtime),
-            "DDPO_CLUSTER_FILE": str(tmp_path / "no-kept-cluster.json"),
-        }
-        submitted = subprocess.run(
-            [sys.executable, "-m", "cli", "--server", cluster.url, "list"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        submitted = ddpo_told_no_token(cluster.url, runtime, "list")
         assert submitted.returncode == 0, submitted.stderr
         assert "(0 of 0)" in submitted.stdout
         # A restart: the same tokens, from the same file.
