@@ -162,6 +162,9 @@ def _keep(cluster: LocalCluster) -> int:
         flush=True,
     )
     signal.signal(signal.SIGTERM, lambda *_: _interrupt())
+    # Ctrl-C stops it even when started from a shell that had SIGINT ignored
+    # (a script's background job): that is what the line above promises.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         while cluster.server.process.poll() is None:
             time.sleep(0.5)

@@ -70,7 +70,12 @@ def kept_cluster(
             yield env, found
         finally:
             keeper.send_signal(signal.SIGINT)  # Ctrl-C: it stops what it started
-            code = keeper.wait(60)
+            try:
+                code = keeper.wait(60)
+            except subprocess.TimeoutExpired:
+                keeper.kill()  # its server and workers die with it (PR_SET_PDEATHSIG)
+                keeper.wait()
+                raise
         assert code == 0, keeper.stdout.read() if keeper.stdout else code
 
 
