@@ -14,7 +14,7 @@ import pytest
 
 from tests.api.conftest import ProtocolNode, ThreadedServer, make_settings, wait_for
 from tests.api.test_protocol import job, submit
-from tests.api.test_retries import progress, started, upload_checkpoint
+from tests.api.test_retries import progress, put_checkpoint, started, upload_checkpoint
 
 SECOND_IN_DAYS = 1 / 86400
 
@@ -116,12 +116,7 @@ def test_checkpoints_past_the_quota_are_refused_naming_it(
     node = ProtocolNode(client, "a")
     submit(client, epochs=3)
     part_id = started(node)["part_id"]
-    too_big = client.put(
-        f"/parts/{part_id}/checkpoint",
-        params={"node_id": node.node_id, "epoch": 1},
-        content=b"x" * (2 * 2**20),
-        headers={"content-type": "application/octet-stream"},
-    )
+    too_big = put_checkpoint(node, part_id, 1, b"x" * (2 * 2**20))
     assert too_big.status_code == 413
     assert "DDPO_ARTIFACTS_QUOTA_MB=1" in too_big.json()["detail"]
     assert upload_checkpoint(node, part_id, 1, b"x" * (2**19))  # half of it fits
@@ -146,19 +141,11 @@ def test_a_part_uploads_one_checkpoint_at_a_time(
         )
         return sock
 
-    def second_upload() -> httpx.Response:
-        return client.put(
-            f"/parts/{part_id}/checkpoint",
-            params={"node_id": node.node_id, "epoch": 1},
-            content=b"y" * 10,
-            headers={"content-type": "application/octet-stream", **node.headers},
-        )
-
     def refused_beside_a_slow_one() -> httpx.Response | None:
         with first_upload():
             # The second may overtake the first (then the first is the one refused):
             # try again until it comes second.
-            second = second_upload()
+            second = put_checkpoint(node, part_id, 1, b"y" * 10)
             return second if second.status_code == 409 else None
 
     second = wait_for(refused_beside_a_slow_one, what="an upload refused beside another")

@@ -40,14 +40,19 @@ def started(node: ProtocolNode, active: list[int] | None = None) -> dict[str, An
     return assignment
 
 
-def upload_checkpoint(node: ProtocolNode, part_id: int, epoch: int, body: bytes) -> bool:
-    response = node.client.put(
+def put_checkpoint(node: ProtocolNode, part_id: int, epoch: int, body: bytes) -> httpx.Response:
+    return node.client.put(
         f"/parts/{part_id}/checkpoint",
         params={"node_id": node.node_id, "epoch": epoch},
         content=body,
-        headers={"content-type": "application/octet-stream"},
+        headers={"content-type": "application/octet-stream", **node.headers},
     )
-    accepted: bool = response.raise_for_status().json()["accepted"]
+
+
+def upload_checkpoint(node: ProtocolNode, part_id: int, epoch: int, body: bytes) -> bool:
+    accepted: bool = (
+        put_checkpoint(node, part_id, epoch, body).raise_for_status().json()["accepted"]
+    )
     return accepted
 
 
