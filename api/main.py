@@ -22,7 +22,7 @@ from api import route_table
 from api.auth import AuthMiddleware, TokenBook
 from api.core.clock import tick
 from api.core.context import Core
-from api.core.errors import DomainError
+from api.core.errors import DomainError, InvalidFields
 from api.core.retention import prune
 from api.deps import refuse_unknown_query
 from api.head import HeadAsGet
@@ -32,7 +32,17 @@ from api.limits import BodyLimitMiddleware
 from api.monitoring import LatencyMiddleware, make_registry
 from api.notifier import Notifier
 from api.read_cache import ReadCache, ReadCacheMiddleware
-from api.routes import dashboard, health, jobs, nodes, parts, prometheus, reference, studies
+from api.routes import (
+    dashboard,
+    health,
+    jobs,
+    nodes,
+    parts,
+    prometheus,
+    reference,
+    studies,
+    trainers,
+)
 from api.settings import ServerSettings
 from db import queries
 from db.engine import Database
@@ -83,7 +93,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.tokens = TokenBook(settings.role_tokens, core.credentials)
     app.state.registry, app.state.latency = instruments.registry, instruments.latency
     app.add_middleware(LatencyMiddleware, latency=app.state.latency)
-    for router in (jobs.router, studies.router, nodes.router, parts.router):
+    for router in (jobs.router, studies.router, nodes.router, parts.router, trainers.router):
         app.include_router(router, dependencies=[Depends(refuse_unknown_query)])
     for router in (health.router, prometheus.router, dashboard.router, reference.router):
         app.include_router(router)
@@ -248,6 +258,16 @@ async def _illegal_transition(request: Request, exc: Exception) -> JSONResponse:
 async def _refused(request: Request, exc: Exception) -> JSONResponse:
     """The domain's refusals (api/core/errors.py), answered with their status."""
     assert isinstance(exc, DomainError)
+    if isinstance(exc, InvalidFields):
+        detail = [
+            {
+                "type": "value_error",
+                "loc": ["body", *loc],
+                "msg": _text(f"{'.'.join(str(part) for part in loc)}: {msg}"),
+            }
+            for loc, msg in exc.errors
+        ]
+        return JSONResponse(status_code=exc.status, content={"detail": detail})
     wait_s = getattr(exc, "retry_after_s", None)
     headers = {"Retry-After": str(max(1, math.ceil(wait_s)))} if wait_s is not None else None
     return JSONResponse(status_code=exc.status, content={"detail": str(exc)}, headers=headers)

@@ -64,6 +64,7 @@ GET_STUDY = Route("GET", "/studies/{study_id}", READ)
 CANCEL_STUDY = Route("POST", "/studies/{study_id}/cancel", WRITE)
 
 LIST_NODES = Route("GET", "/nodes", READ)
+LIST_TRAINERS = Route("GET", "/trainers", READ)
 # A new node joins; a known one registers again with its own credential.
 REGISTER_NODE = Route("POST", "/nodes/register", NODE | {Role.JOIN})
 REVOKE_NODE = Route("POST", "/nodes/{node_id}/revoke", ADMIN)

@@ -7,8 +7,8 @@ transaction, so a job is either placed on all of its machines or on none.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from api.schemas import JobSpec
 
@@ -20,6 +20,8 @@ class NodeCapacity:
     free_slots: int
     gpus: int
     trainers: frozenset[str]
+    # Script path -> SHA-256 of its content on this node.
+    scripts: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -38,13 +40,33 @@ class Pending:
 
 
 def _suits(node: NodeCapacity, spec: JobSpec) -> bool:
-    if spec.trainer not in node.trainers:
+    if spec.script is not None:
+        held = node.scripts.get(spec.script.path)
+        if held is None or spec.script.sha256 not in (None, held):
+            return False
+    elif spec.trainer not in node.trainers:
         return False
     return not (spec.backend == "nccl" and node.gpus < spec.topology.num_processes)
 
 
+def _same_script(spec: JobSpec, suitable: list[NodeCapacity]) -> list[NodeCapacity]:
+    """A script not pinned to one content runs on nodes that all have the
+    same: those of the content most nodes with a free slot have."""
+    if spec.script is None or spec.script.sha256 is not None:
+        return suitable
+    path = spec.script.path
+    groups: dict[str, list[NodeCapacity]] = {}
+    for node in suitable:
+        groups.setdefault(node.scripts[path], []).append(node)
+    if len(groups) <= 1:
+        return suitable
+    return max(
+        groups.values(), key=lambda g: (sum(n.free_slots > 0 for n in g), len(g), -g[0].node_id)
+    )
+
+
 def _requirement(spec: JobSpec) -> str:
-    need = f"trainer '{spec.trainer}'"
+    need = spec.needs
     if spec.backend == "nccl":
         need += f" and {spec.topology.num_processes} GPU(s) for nccl"
     return need
@@ -53,7 +75,7 @@ def _requirement(spec: JobSpec) -> str:
 def place_gang(spec: JobSpec, nodes: Sequence[NodeCapacity]) -> Placement | Pending:
     """M distinct suitable nodes with a free slot each, or why not."""
     machines = spec.topology.num_machines
-    suitable = [n for n in nodes if _suits(n, spec)]
+    suitable = _same_script(spec, [n for n in nodes if _suits(n, spec)])
     if len(suitable) < machines:
         return Pending(
             f"needs {machines} live node(s) with {_requirement(spec)}; "
@@ -89,7 +111,8 @@ def plan(
             decisions[job_id] = Pending(f"queued behind job {head}", waiting_for_slots=True)
             continue
         current = [
-            NodeCapacity(n.node_id, n.name, free[n.node_id], n.gpus, n.trainers) for n in nodes
+            NodeCapacity(n.node_id, n.name, free[n.node_id], n.gpus, n.trainers, n.scripts)
+            for n in nodes
         ]
         decision = place_gang(spec, current)
         if isinstance(decision, Placement):

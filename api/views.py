@@ -99,6 +99,8 @@ def _progress_public(job: Job, now: datetime) -> public.ProgressPublic | None:
         else None,
         loss=job.progress_loss,
         samples_per_sec=job.progress_samples_per_sec,
+        step=job.progress_step,
+        metrics=job.progress_metrics or {},
         updated_at=job.progress_at,
     )
 
@@ -203,20 +205,29 @@ def read_metrics(*, db: Database, job_id: int, max_points: int) -> public.Metric
         stride = len(rows) / max_points
         picked = [rows[int(i * stride)] for i in range(max_points - 1)] + [rows[-1]]
         rows = picked
-    return public.MetricsPublic(
-        job_id=job_id,
-        points=[
-            public.MetricPoint(
-                epoch=r.epoch,
-                batch=r.batch,
-                step=(r.epoch - 1) * r.batches_per_epoch + r.batch,
-                loss=r.loss,
-                samples_per_sec=r.samples_per_sec,
-                at=r.at,
-            )
-            for r in rows
-        ],
-    )
+    points = [
+        public.MetricPoint(
+            epoch=r.epoch,
+            batch=r.batch,
+            step=r.step if r.step is not None else (r.epoch - 1) * r.batches_per_epoch + r.batch,
+            loss=r.loss,
+            samples_per_sec=r.samples_per_sec,
+            metrics=r.metrics or {},
+            at=r.at,
+        )
+        for r in rows
+    ]
+    return public.MetricsPublic(job_id=job_id, names=_metric_names(points), points=points)
+
+
+def _metric_names(points: list[public.MetricPoint]) -> list[str]:
+    names: dict[str, None] = {}
+    for built_in in ("loss", "samples_per_sec"):
+        if any(getattr(p, built_in) is not None for p in points):
+            names[built_in] = None
+    for point in points:
+        names.update(dict.fromkeys(point.metrics))
+    return list(names)
 
 
 # However long its lines, a page of logs stays about this size (10,000 lines

@@ -44,7 +44,13 @@ class Node(SQLModel, table=True):
     slots: int = 1
     gpus: int = 0
     cpus: int = 1
+    # Trainer names, what placement reads; trainer_offers has each one's
+    # version and parameter schema, scripts each script's path -> SHA-256.
     trainers: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    trainer_offers: list[dict[str, Any]] = Field(
+        default_factory=list, sa_column=Column(JSON, nullable=False)
+    )
+    scripts: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     state: NodeState = Field(
         default=NodeState.LIVE, sa_column=Column(EnumText(NodeState), index=True, nullable=False)
     )
@@ -93,6 +99,8 @@ class Job(SQLModel, table=True):
     progress_batches_per_epoch: int | None = None
     progress_loss: float | None = None
     progress_samples_per_sec: float | None = None
+    progress_step: int | None = None
+    progress_metrics: dict[str, float | None] | None = Field(default=None, sa_column=Column(JSON))
     progress_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     result: TrainResult | None = Field(default=None, sa_column=Column(ModelJSON(TrainResult)))
     error: JobError | None = Field(default=None, sa_column=Column(ModelJSON(JobError)))
@@ -157,6 +165,10 @@ class ProgressRow(SQLModel, table=True):
     batches_per_epoch: int
     loss: float | None = None
     samples_per_sec: float | None = None
+    # The trainer's own step count, when it gave one.
+    step: int | None = None
+    # The other named numbers it reported.
+    metrics: dict[str, float | None] | None = Field(default=None, sa_column=Column(JSON))
     at: datetime = Field(sa_type=UTCDateTime)
 
 

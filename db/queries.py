@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Select, delete, func, or_, update
 from sqlalchemy import select as sa_select
@@ -258,12 +259,24 @@ def list_nodes(
     return list(nodes), int(session.exec(counted).one())
 
 
-def live_node_capacities(*, session: Session) -> list[tuple[int, str, int, int, list[str]]]:
-    """(id, name, slots, gpus, trainers) of every live node: the columns
-    placement reads, without building a row object for each."""
+def live_node_capacities(
+    *, session: Session
+) -> list[tuple[int, str, int, int, list[str], dict[str, str]]]:
+    """(id, name, slots, gpus, trainers, scripts) of every live node: the
+    columns placement reads, without building a row object for each."""
     # SQLAlchemy's own select: SQLModel's is typed for four columns at most.
     statement = (
-        sa_select(Node.id, Node.name, Node.slots, Node.gpus, Node.trainers)  # type: ignore[call-overload]
+        sa_select(Node.id, Node.name, Node.slots, Node.gpus, Node.trainers, Node.scripts)  # type: ignore[call-overload]
+        .where(Node.state == NodeState.LIVE)
+        .order_by(col(Node.id))
+    )
+    return [tuple(row) for row in session.execute(statement).all()]
+
+
+def live_node_offers(*, session: Session) -> list[tuple[str, list[dict[str, Any]], dict[str, str]]]:
+    """(name, trainer offers, scripts) of every live node, oldest first."""
+    statement = (
+        sa_select(Node.name, Node.trainer_offers, Node.scripts)  # type: ignore[call-overload]
         .where(Node.state == NodeState.LIVE)
         .order_by(col(Node.id))
     )

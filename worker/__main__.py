@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=module:attribute",
         help="offer an extra installed trainer (repeatable) [DDPO_WORKER_TRAINERS, a JSON object]",
     )
+    parser.add_argument(
+        "--script-dir",
+        dest="script_dir",
+        help="let jobs run the torchrun-style scripts in this directory (read when the worker "
+        "starts) [DDPO_SCRIPT_DIR, default: none]",
+    )
     parser.add_argument("--log-level", default="INFO")
     parser.epilog = (
         "Secrets come from the environment only: DDPO_JOIN_TOKEN lets a new node join "

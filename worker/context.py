@@ -29,8 +29,8 @@ class TrainContext:
     data_dir: Path
     # perf_counter() when the rank process started, for setup timing.
     started_at: float
-    # report(epoch=, batch=, batches_per_epoch=, loss=, samples_per_sec=);
-    # a no-op on every rank but 0.
+    # report(epoch=, batch=, batches_per_epoch=, loss=, samples_per_sec=,
+    # [step=, metrics={name: value}]); a no-op on every rank but 0.
     report: Callable[..., None] = _nothing
     # checkpoint(model=, optimizer=, epoch=, step=) at the end of an epoch;
     # a no-op on every rank but 0.
@@ -40,6 +40,9 @@ class TrainContext:
     # attach_comm_hook(ddp): a faster gradient average when every rank is on
     # this host; a no-op otherwise.
     attach_comm_hook: Callable[[Any], None] = lambda _ddp: None
+    # The job's params as an instance of the trainer's params model (None
+    # when it declares none).
+    params: Any = None
 
     @property
     def is_master(self) -> bool:

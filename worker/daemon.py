@@ -7,15 +7,19 @@ queued on the part until the server takes them, in order.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from types import FrameType
 
 from api.failures import FailureReason
 from api.schemas import Assignment, NodeRegistered, NodeRegistration, PartFinished
-from worker import cores, network, trainers
+from api.schemas.protocol import TrainerOffer
+from worker import cores, network, scripts, trainers
 from worker.client import CredentialRefused, NodeUnknown, Refused, ServerClient, ServerUnavailable
 from worker.courier import Courier
 from worker.forkserver import ForkServer
@@ -59,6 +63,8 @@ class Worker:
         self.parts: dict[int, PartProcess] = {}
         self._exit_requested = False
         self._forks: ForkServer | None = None
+        # What the trainers are, when no fork server told (described once).
+        self._offers: list[TrainerOffer] | None = None
         self._forks_awaited = False
         self._heartbeat: Heartbeat | None = None
         # Resolved at each registration: the route to the server may change.
@@ -126,7 +132,8 @@ class Worker:
             slots=self.settings.slots,
             gpus=self.settings.gpus if self.settings.gpus is not None else count_gpus(),
             cpus=self.cpus,
-            trainers=sorted(trainers.available(self.settings.trainers)),
+            trainers=self._trainer_offers(),
+            scripts=scripts.scan(self.settings.script_dir),
         )
         try:
             registered = join(self.client, self.settings, registration)
@@ -170,6 +177,21 @@ class Worker:
                 )
                 part.request_stop()
 
+    def _trainer_offers(self) -> list[TrainerOffer]:
+        """What this node's trainers are: the fork server loaded them already;
+        without one, a subprocess does (torch stays out of the daemon)."""
+        if self._forks is not None and self._forks.ready() and self._forks.offers is not None:
+            return trainers.parse_offers(self._forks.offers)
+        if self._offers is None:
+            described = subprocess.run(
+                [sys.executable, "-m", "worker.trainers", json.dumps(self.settings.trainers)],
+                stdout=subprocess.PIPE,
+                check=True,
+                timeout=300,
+            )
+            self._offers = trainers.parse_offers(described.stdout.decode())
+        return self._offers
+
     def _prewarm(self) -> None:
         """Start the launcher fork server, or a new one if it died, while the
         node is idle (never while parts run: its imports would take CPU from
@@ -183,6 +205,7 @@ class Worker:
             self._forks = ForkServer(
                 self.settings.data_dir.resolve(),
                 self.settings.work_dir.resolve() / "forkserver.log",
+                self.settings.trainers,
             )
 
     def _shutdown(self) -> None:

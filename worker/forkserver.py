@@ -10,6 +10,7 @@ imports pays it once, when the worker starts.
 
 The protocol, one line each way per event:
     daemon -> server   <run_dir>            fork a launcher for this part
+    server -> daemon   offers <json>        the trainers it loaded (worker.trainers.describe)
     server -> daemon   ready                imports done, forks are cheap now
     server -> daemon   forked <pid>         the launcher for the last request
     server -> daemon   exited <pid> <code>  a launcher ended (code < 0: signal)
@@ -21,6 +22,7 @@ This module imports torch only in the server process, never in the daemon.
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -41,12 +43,15 @@ FORK_REPLY_TIMEOUT_S = 10.0
 # --- the server ----------------------------------------------------------------
 
 
-def serve(data_dir: Path) -> int:
-    """``python -m worker.forkserver DATA_DIR``: the daemon's child, on pipes."""
+def serve(data_dir: Path, extra_trainers: dict[str, str]) -> int:
+    """``python -m worker.forkserver DATA_DIR [TRAINERS_JSON]``: the daemon's
+    child, on pipes."""
     die_with_parent(os.getppid(), signal.SIGTERM)
-    from worker import launcher
+    from worker import launcher, trainers
 
     launcher.preload(data_dir)
+    # Loading every trainer to describe it preloads them for the launchers too.
+    _say(f"offers {trainers.offers_json(trainers.describe(extra_trainers))}")
     wake_read, wake_write = os.pipe()
     for fd in (wake_read, wake_write):
         os.set_blocking(fd, False)
@@ -148,11 +153,19 @@ class ForkedLauncher:
 
 
 class ForkServer:
-    def __init__(self, data_dir: Path, log_path: Path) -> None:
+    def __init__(
+        self, data_dir: Path, log_path: Path, extra_trainers: dict[str, str] | None = None
+    ) -> None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "worker.forkserver", str(data_dir)],
+                [
+                    sys.executable,
+                    "-m",
+                    "worker.forkserver",
+                    str(data_dir),
+                    json.dumps(extra_trainers or {}),
+                ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -164,6 +177,8 @@ class ForkServer:
         os.set_blocking(self._out, False)
         self._pending = b""
         self._ready = False
+        # The "offers" line, as JSON: what the server's trainers are.
+        self.offers: str | None = None
         self._eof = False
         self._forked: deque[int] = deque()
         self._exits: dict[int, int] = {}
@@ -235,7 +250,10 @@ class ForkServer:
             self._pending += data
             while b"\n" in self._pending:
                 line, self._pending = self._pending.split(b"\n", 1)
-                self._handle(line.decode().split())
+                if line.startswith(b"offers "):
+                    self.offers = line[len(b"offers ") :].decode()
+                else:
+                    self._handle(line.decode().split())
 
     def _handle(self, words: list[str]) -> None:
         if words == ["ready"]:
@@ -257,4 +275,4 @@ def _exists(pid: int) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(Path(sys.argv[1])))
+    sys.exit(serve(Path(sys.argv[1]), json.loads(sys.argv[2]) if sys.argv[2:] else {}))

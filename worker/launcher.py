@@ -36,7 +36,7 @@ PEER_FAILURE_SIGNS = (
 )
 
 
-def _classify(traceback_text: str) -> FailureReason:
+def classify(traceback_text: str) -> FailureReason:
     if "RendezvousTimeout" in traceback_text:
         return FailureReason.RENDEZVOUS_FAILED
     if any(sign in traceback_text for sign in PEER_FAILURE_SIGNS):
@@ -48,7 +48,7 @@ def _tail(text: str) -> str:
     return text[-TRACEBACK_TAIL_CHARS:].strip()
 
 
-def _could_not(
+def could_not(
     step: str, reason: FailureReason, machine_id: int, exc: Exception
 ) -> runfiles.Outcome:
     """A failure of the launcher itself, before any rank ran (call in ``except``)."""
@@ -124,15 +124,20 @@ def _no_thread_pool() -> Iterator[None]:
 
 def launch(config: runfiles.LaunchConfig) -> runfiles.Outcome:
     assignment = config.assignment
+    if assignment.spec.script is not None:
+        from worker import script_launch
+
+        return script_launch.run(config)
     if assignment.spec.performance.keep_freed_memory:
         keep_freed_memory()
     try:
         trainer = trainers.resolve(assignment.spec.trainer, config.trainers)
+        trainer.params_of(assignment.spec)  # refused here, before any rank starts
         if trainer.prepare is not None:
             with _no_thread_pool():
                 trainer.prepare(config.data_dir, assignment.spec)
     except Exception as exc:
-        return _could_not("prepare", FailureReason.PREPARE_FAILED, assignment.machine_id, exc)
+        return could_not("prepare", FailureReason.PREPARE_FAILED, assignment.machine_id, exc)
 
     local_group = same_host_group(config)
     try:
@@ -166,14 +171,14 @@ def _run_ranks(config: runfiles.LaunchConfig, local_group: LocalGroup | None) ->
             process.terminate()
         with contextlib.suppress(Exception):
             ranks.join()
-        return _could_not("rendezvous", FailureReason.RENDEZVOUS_FAILED, assignment.machine_id, exc)
+        return could_not("rendezvous", FailureReason.RENDEZVOUS_FAILED, assignment.machine_id, exc)
 
     try:
         while not ranks.join():
             pass
     except mp.ProcessRaisedException as exc:
         rank = assignment.rank_of(exc.error_index)
-        reason = _classify(exc.msg)
+        reason = classify(exc.msg)
         what = {
             FailureReason.PEER_FAILURE: "lost a peer",
             FailureReason.RENDEZVOUS_FAILED: "could not rendezvous",

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from torchvision import datasets, transforms
 
 from api.schemas import JobSpec, TrainResult
+from api.schemas.strict import Strict
 from worker import checkpoints
 from worker.context import TrainContext
 from worker.trainers import Trainer
@@ -398,4 +399,14 @@ def evaluate(
     return total_loss / total, correct / total
 
 
-TRAINER = Trainer(train=train, prepare=prepare, warm=warm)
+# The recipe's maths changes only with this project's releases.
+VERSION = "1"
+
+
+class MnistParams(Strict):
+    """The recipe has no parameters of its own: the spec's common fields
+    (batch_size, epochs, lr, seed, max_steps_per_epoch, performance) are all
+    it reads."""
+
+
+TRAINER = Trainer(train=train, prepare=prepare, warm=warm, params=MnistParams, version=VERSION)

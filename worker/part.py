@@ -140,6 +140,7 @@ class PartProcess:
             process_group_timeout_s=settings.process_group_timeout_s,
             parent_pid=os.getpid(),
             resume_from=resume_from,
+            script_dir=settings.script_dir.resolve() if settings.script_dir else None,
             interface=interface,
             cpus=cpus,
         )

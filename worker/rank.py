@@ -3,6 +3,7 @@ always leaving the group."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import traceback
@@ -46,6 +47,7 @@ def run_rank(
     try:
         trainer = trainers.resolve(spec.trainer, config.trainers)
         context = train_context(config, local_rank, device, started_at, report, local_group)
+        context = dataclasses.replace(context, params=trainer.params_of(spec))
         result = trainer.train(context)
         if rank == 0 and result is not None:
             runfiles.write_result(config.run_dir, result)

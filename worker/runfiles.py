@@ -36,6 +36,8 @@ RESULT = "result.json"
 OUTCOME = "outcome.json"
 OUTPUT = "output.log"
 RENDEZVOUS = "rendezvous.json"
+# A script's checkpoint directory (DDPO_CHECKPOINT_DIR), per machine.
+CHECKPOINT_DIR = "checkpoint"
 RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
 
 
@@ -66,6 +68,7 @@ class LaunchConfig(BaseModel):
     process_group_timeout_s: float
     parent_pid: int
     resume_from: Path | None = Field(None, description="A checkpoint to continue from")
+    script_dir: Path | None = Field(None, description="Where the scripts jobs name are")
     interface: str | None = Field(
         None, description="The network interface the ranks' collectives bind and advertise"
     )
@@ -194,14 +197,18 @@ class ProgressWriter:
         batches_per_epoch: int,
         loss: float | None,
         samples_per_sec: float | None,
+        step: int | None = None,
+        metrics: dict[str, float | None] | None = None,
     ) -> None:
         report = ProgressReport(
             seq=self._seq,
+            step=step,
             epoch=epoch,
             batch=batch,
             batches_per_epoch=batches_per_epoch,
             loss=loss,
             samples_per_sec=samples_per_sec,
+            metrics=metrics or {},
             at=datetime.now(timezone.utc),
         )
         self._file.write(report.model_dump_json() + "\n")

@@ -65,6 +65,12 @@ class WorkerSettings(BaseSettings):
         default_factory=dict,
         description="Extra trainers, name -> 'module:attribute' (built in: mnist)",
     )
+    script_dir: Path | None = Field(
+        None,
+        validation_alias=AliasChoices("DDPO_WORKER_SCRIPT_DIR", "DDPO_SCRIPT_DIR", "script_dir"),
+        description="A directory of torchrun-style scripts jobs may run (by their path in "
+        "it); None: no scripts",
+    )
     poll_wait_s: float = Field(2.0, ge=0, le=30, description="Long-poll wait when idle")
     report_interval_s: float = Field(
         1.0, gt=0, description="How often progress is shipped while a part runs"

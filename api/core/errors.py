@@ -35,3 +35,19 @@ class TooMany(DomainError):
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class InvalidFields(DomainError):
+    """Fields of a request that are well-formed but that this cluster cannot
+    take (parameters its trainer's schema refuses): answered like a schema's
+    422, each message starting with the field's dotted name."""
+
+    status = 422
+
+    def __init__(self, errors: list[tuple[list[str | int], str]]) -> None:
+        super().__init__("; ".join(f"{_dotted(loc)}: {msg}" for loc, msg in errors))
+        self.errors = errors
+
+
+def _dotted(loc: list[str | int]) -> str:
+    return ".".join(str(part) for part in loc)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from api.core import lookup
+from api.core import lookup, offers
 from api.core.context import Core
 from api.core.errors import Conflict, NotFound
 from api.core.placement import schedule
@@ -22,6 +22,7 @@ def submit_job(core: Core, spec: JobSpec, idempotency_key: str | None = None) ->
     """The job's id, and whether it is new: a key seen before returns its
     job (the same spec) rather than a second one."""
     with core.db.write() as session:
+        spec = offers.checked(session, spec)
         if idempotency_key is not None:
             existing = queries.get_job_by_idempotency_key(session=session, key=idempotency_key)
             expires = timedelta(hours=core.settings.idempotency_key_hours)
@@ -57,6 +58,7 @@ def cancel_job(core: Core, job_id: int) -> None:
 def submit_study(core: Core, create: StudyCreate) -> int:
     """The study and all its jobs, queued at once; they run in row order."""
     with core.db.write() as session:
+        create = create.model_copy(update={"spec": offers.checked(session, create.spec)})
         study = queries.insert_study(session=session, name=create.name)
         assert study.id is not None
         for index, row in enumerate(create.rows):

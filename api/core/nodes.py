@@ -51,7 +51,9 @@ def register_node(
         node.slots = registration.slots
         node.gpus = registration.gpus
         node.cpus = registration.cpus
-        node.trainers = list(registration.trainers)
+        node.trainers = [offer.name for offer in registration.trainers]
+        node.trainer_offers = [offer.model_dump(mode="json") for offer in registration.trainers]
+        node.scripts = {script.path: script.sha256 for script in registration.scripts}
         node.state = NodeState.LIVE
         node.last_heartbeat_at = now
         session.flush()
@@ -244,4 +246,5 @@ def _assignment(session: Session, part: Part, attempt: Attempt) -> Assignment:
         master_addr=attempt.master_addr,
         master_port=attempt.master_port,
         resume_epoch=attempt.resumed_from_epoch,
+        restart_count=attempt.number - 1,
     )

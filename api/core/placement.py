@@ -52,8 +52,11 @@ def plan_and_start(session: Session) -> Outcome:
             free_slots=slots - busy.get(node_id, 0),
             gpus=gpus,
             trainers=frozenset(trainers),
+            scripts=scripts,
         )
-        for node_id, name, slots, gpus, trainers in queries.live_node_capacities(session=session)
+        for node_id, name, slots, gpus, trainers, scripts in queries.live_node_capacities(
+            session=session
+        )
     ]
     jobs = {j.id: j for j in queue if j.id is not None}
     # A study's jobs run one after another: each waits for the one before.

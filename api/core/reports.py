@@ -86,6 +86,8 @@ def record_progress(core: Core, part_id: int, batch: ProgressBatch) -> bool:
                     batches_per_epoch=r.batches_per_epoch,
                     loss=r.loss,
                     samples_per_sec=r.samples_per_sec,
+                    step=r.step,
+                    metrics=r.metrics or None,
                     at=r.at,
                 )
                 for r in fresh.values()
@@ -100,6 +102,8 @@ def record_progress(core: Core, part_id: int, batch: ProgressBatch) -> bool:
                 job.progress_batches_per_epoch = latest.batches_per_epoch
                 job.progress_loss = latest.loss
                 job.progress_samples_per_sec = latest.samples_per_sec
+                job.progress_step = latest.step
+                job.progress_metrics = latest.metrics or None
                 job.progress_at = latest.at
         return True
 

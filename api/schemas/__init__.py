@@ -48,9 +48,11 @@ from api.schemas.public import (
     documented,
 )
 from api.schemas.spec import (
+    SCRIPT_TRAINER,
     JobError,
     JobSpec,
     Performance,
+    ScriptRef,
     StudyCreate,
     StudyRow,
     Topology,
@@ -63,6 +65,7 @@ __all__ = [
     "MAX_LOG_LINE_CHARS",
     "MAX_WORLD_SIZE",
     "NAME_PATTERN",
+    "SCRIPT_TRAINER",
     "Ack",
     "Assignment",
     "AttemptPublic",
@@ -96,6 +99,7 @@ __all__ = [
     "ProgressReport",
     "Rendezvous",
     "RendezvousBound",
+    "ScriptRef",
     "StudiesPublic",
     "StudyCreate",
     "StudyPublic",

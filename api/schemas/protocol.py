@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import json
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from api.failures import FailureReason
-from api.schemas.spec import JobSpec, TrainResult
+from api.schemas.spec import SCRIPT_PATH_PATTERN, SHA256_PATTERN, JobSpec, TrainResult
 from api.schemas.strict import (
     DB_INT_MAX,
     MAX_WORLD_SIZE,
@@ -19,17 +21,68 @@ from api.schemas.strict import (
     Timestamp,
 )
 
+# A metric's name, as a report and the API spell it.
+METRIC_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$"
+MAX_METRICS = 32
+MetricName = Annotated[str, Field(pattern=METRIC_NAME_PATTERN)]
+
 
 class ProgressReport(Strict):
     """One report from rank 0. ``seq`` makes a resent report harmless."""
 
     seq: Count
+    step: Count | None = Field(
+        None, description="The trainer's own step count; none: counted from epoch and batch"
+    )
     epoch: int = Field(ge=1, le=DB_INT_MAX)
     batch: int = Field(ge=0, le=DB_INT_MAX, description="Batches done in this epoch")
     batches_per_epoch: int = Field(ge=1, le=DB_INT_MAX)
     loss: float | None = Field(None, description="Non-finite (diverged) losses read as null")
     samples_per_sec: float | None = Field(None, ge=0, allow_inf_nan=False)
+    metrics: dict[MetricName, float | None] = Field(
+        default_factory=dict,
+        max_length=MAX_METRICS,
+        description="Any other named numbers (non-finite ones read as null)",
+    )
     at: Timestamp
+
+    @field_validator("metrics")
+    @classmethod
+    def _non_finite_as_null(cls, value: dict[str, float | None]) -> dict[str, float | None]:
+        return {k: v if v is None or math.isfinite(v) else None for k, v in value.items()}
+
+
+# A trainer's parameter schema, as JSON, is at most this long.
+MAX_PARAMS_SCHEMA_BYTES = 64 * 1024
+
+
+class TrainerOffer(Strict):
+    """A trainer a node has: its name, version and the JSON schema of its
+    parameters (none: it declares none, and the server checks nothing)."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    version: str = Field("0", min_length=1, max_length=64)
+    params_schema: dict[str, Any] | None = None
+
+    @field_validator("params_schema")
+    @classmethod
+    def _schema_bounded(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and len(json.dumps(value)) > MAX_PARAMS_SCHEMA_BYTES:
+            raise ValueError(f"is longer than {MAX_PARAMS_SCHEMA_BYTES} bytes of JSON")
+        return value
+
+
+class ScriptOffer(Strict):
+    """A script in a node's script directory, by its path there."""
+
+    path: str = Field(max_length=255, pattern=SCRIPT_PATH_PATTERN)
+    sha256: str = Field(pattern=SHA256_PATTERN)
+
+
+def _offer(value: Any) -> Any:
+    # A bare name (what nodes said before trainers had schemas) offers the
+    # trainer with no declared parameters.
+    return {"name": value} if isinstance(value, str) else value
 
 
 class NodeRegistration(Strict):
@@ -38,9 +91,19 @@ class NodeRegistration(Strict):
     slots: int = Field(1, ge=1, le=64, description="Job parts it runs at once")
     gpus: int = Field(0, ge=0, le=64)
     cpus: int = Field(1, ge=1, le=4096)
-    trainers: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(
-        default_factory=lambda: ["mnist"], max_length=64, description="Trainer names it offers"
+    trainers: list[TrainerOffer] = Field(
+        default_factory=lambda: [TrainerOffer(name="mnist")],
+        max_length=64,
+        description="The trainers it offers (a bare name: one with no declared parameters)",
     )
+    scripts: list[ScriptOffer] = Field(
+        default_factory=list, max_length=1024, description="The scripts in its --script-dir"
+    )
+
+    @field_validator("trainers", mode="before")
+    @classmethod
+    def _names_are_offers(cls, value: Any) -> Any:
+        return [_offer(v) for v in value] if isinstance(value, list) else value
 
 
 class NodeRegistered(BaseModel):
@@ -101,6 +164,7 @@ class Assignment(BaseModel):
         description="A retry: continue after this epoch, from the checkpoint at "
         "GET /jobs/{job_id}/model",
     )
+    restart_count: int = Field(0, description="Attempts before this one (torchrun's restarts)")
 
     @property
     def world_size(self) -> int:

@@ -37,6 +37,10 @@ class ProgressPublic(BaseModel):
     )
     loss: float | None
     samples_per_sec: float | None
+    step: int | None = Field(None, description="The trainer's own step count, if it gave one")
+    metrics: dict[str, float | None] = Field(
+        default_factory=dict, description="The other named numbers rank 0 reported last"
+    )
     updated_at: datetime
 
 
@@ -128,14 +132,23 @@ class StudiesPublic(BaseModel):
 class MetricPoint(BaseModel):
     epoch: int
     batch: int
-    step: int = Field(description="Batches done since the start of the job")
+    step: int = Field(
+        description="The trainer's own step count, else batches done since the job's start"
+    )
     loss: float | None
     samples_per_sec: float | None
+    metrics: dict[str, float | None] = Field(
+        default_factory=dict, description="Any other named numbers the trainer reported"
+    )
     at: datetime
 
 
 class MetricsPublic(BaseModel):
     job_id: int
+    names: list[str] = Field(
+        description="Every metric in `points`: loss and samples_per_sec when reported, then "
+        "the trainer's own, in the order they first appear"
+    )
     points: list[MetricPoint]
 
 
@@ -162,6 +175,28 @@ class NodePublic(BaseModel):
 class NodesPublic(BaseModel):
     data: list[NodePublic]
     count: int = Field(description="Nodes matching the filter, ignoring limit/offset")
+
+
+class TrainerPublic(BaseModel):
+    """One version of a trainer, as the live nodes that have it reported it."""
+
+    name: str
+    version: str
+    params_schema: dict[str, Any] | None = Field(
+        description="JSON schema of its `params`; null: it declares none"
+    )
+    nodes: list[str] = Field(description="Live nodes that offer it")
+
+
+class ScriptPublic(BaseModel):
+    path: str = Field(description="Relative to the nodes' --script-dir")
+    sha256: str
+    nodes: list[str] = Field(description="Live nodes that have this content at this path")
+
+
+class TrainersPublic(BaseModel):
+    trainers: list[TrainerPublic]
+    scripts: list[ScriptPublic]
 
 
 class LogLinePublic(BaseModel):

@@ -3,9 +3,12 @@ result or its error): the values the database stores as JSON."""
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+import posixpath
+import re
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from api.failures import FailureReason
 from api.schemas.strict import MAX_WORLD_SIZE, NAME_PATTERN, Strict
@@ -72,6 +75,57 @@ class Performance(Strict):
     bucket_cap_mb: float = Field(25.0, gt=0, le=1024, description="DDP all-reduce bucket size")
 
 
+# A script's path: relative, inside the worker's script directory, made of
+# plain names (no "..", no leading "/", no backslashes or control characters).
+SCRIPT_PATH_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*\.py$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+# A trainer's parameters travel as JSON and are stored with the job.
+MAX_PARAMS_BYTES = 16 * 1024
+# The trainer name of a job that runs a script.
+SCRIPT_TRAINER = "script"
+
+
+class ScriptRef(Strict):
+    """A torchrun-style script in the workers' script directory, run as it is
+    in a fresh interpreter per process."""
+
+    path: str = Field(
+        max_length=255,
+        description="Relative to the worker's --script-dir, e.g. 'train.py' or 'nlp/lm.py'",
+    )
+    args: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Its command-line arguments, as torchrun passes them after the script",
+    )
+    sha256: str | None = Field(
+        None,
+        pattern=SHA256_PATTERN,
+        description="The content hash to run (GET /trainers lists what nodes have); the "
+        "server fills it in at submit when the live nodes that have the path agree",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _inside_the_directory(cls, value: str) -> str:
+        if posixpath.isabs(value) or ".." in value.split("/"):
+            raise ValueError("must be a path inside the script directory (no '/' first, no '..')")
+        if not re.fullmatch(SCRIPT_PATH_PATTERN, value):
+            raise ValueError(
+                "must be a relative .py path of letters, digits, '_', '.' and '-' "
+                "(directories separated by '/')"
+            )
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _args_bounded(cls, value: list[str]) -> list[str]:
+        for index, arg in enumerate(value):
+            if len(arg) > 4096:
+                raise ValueError(f"argument {index} is longer than 4096 characters")
+        return value
+
+
 class JobSpec(Strict):
     """What a user asks for. Immutable once submitted."""
 
@@ -80,6 +134,17 @@ class JobSpec(Strict):
         "mnist",
         pattern=NAME_PATTERN,
         description="A trainer installed on the workers (built in: mnist)",
+    )
+    script: ScriptRef | None = Field(
+        None,
+        validate_default=True,
+        description="Run this torchrun-style script instead of a trainer (then leave "
+        "`trainer` and `params` out)",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The trainer's own parameters, checked at submit against the schema "
+        "its nodes report (GET /trainers); the fields below are every trainer's",
     )
     topology: Topology = Field(default_factory=Topology)
     backend: Literal["gloo", "nccl"] = Field(
@@ -114,6 +179,44 @@ class JobSpec(Strict):
         description="Fail the job with reason `deadline`, without retry, once this long has "
         "passed since its first start",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_script_job_names_no_trainer(cls, data: Any) -> Any:
+        # A script job's trainer reads "script", so every job names what it runs.
+        if isinstance(data, dict) and data.get("script") is not None and "trainer" not in data:
+            return {**data, "trainer": SCRIPT_TRAINER}
+        return data
+
+    @field_validator("script")
+    @classmethod
+    def _a_script_or_a_trainer(cls, value: ScriptRef | None, info: ValidationInfo) -> Any:
+        trainer = info.data.get("trainer")
+        if value is not None and trainer not in (None, SCRIPT_TRAINER):
+            raise ValueError("a job runs a script or a trainer: leave `trainer` out")
+        if value is None and trainer == SCRIPT_TRAINER:
+            raise ValueError(f"trainer '{SCRIPT_TRAINER}' needs a `script` to run")
+        return value
+
+    @field_validator("params")
+    @classmethod
+    def _params_bounded(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if value and info.data.get("script") is not None:
+            raise ValueError("a script takes its arguments in script.args: leave `params` out")
+        try:
+            size = len(json.dumps(value, allow_nan=False))
+        except ValueError:
+            raise ValueError("must be JSON (no NaN or infinite numbers)") from None
+        if size > MAX_PARAMS_BYTES:
+            raise ValueError(f"is {size} bytes of JSON; at most {MAX_PARAMS_BYTES}")
+        return value
+
+    @property
+    def needs(self) -> str:
+        """What a node must have to run it, in words."""
+        if self.script is not None:
+            return f"script '{self.script.path}'"
+        return f"trainer '{self.trainer}'"
 
 
 class TrainResult(Strict):

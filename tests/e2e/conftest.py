@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -37,15 +38,69 @@ T = TypeVar("T")
 SMOKE_STEPS = 20
 
 
+EXAMPLES = REPO / "examples"
+# The scripts the tests run besides the example's.
+TEST_SCRIPTS = Path(__file__).parent / "scripts"
+
+
 @pytest.fixture(scope="session")
-def cluster(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """Two single-slot worker nodes that also offer the tests' crash trainer."""
+def example_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example trainer package (examples/charlm), pip-installed into a
+    directory of its own, as a third party's package would be: workers that
+    have it on their path offer its trainer through the entry point."""
+    site = tmp_path_factory.mktemp("site-packages")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(EXAMPLES / "charlm"),
+        ],
+        check=True,
+        timeout=180,
+        cwd=tmp_path_factory.mktemp("pip-build"),
+    )
+    return site
+
+
+@pytest.fixture(scope="session")
+def script_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A worker's --script-dir: the example's scripts, byte for byte, and the
+    tests' own under tests/."""
+    directory = tmp_path_factory.mktemp("scripts")
+    for script in (EXAMPLES / "scripts").glob("*.py"):
+        shutil.copyfile(script, directory / script.name)
+    (directory / "tests").mkdir()
+    for script in TEST_SCRIPTS.glob("*.py"):
+        shutil.copyfile(script, directory / "tests" / script.name)
+    return directory
+
+
+def worker_path(*extra: Path) -> dict[str, str]:
+    """The environment that puts this checkout (and ``extra``) on a worker's path."""
+    return {"PYTHONPATH": os.pathsep.join(str(p) for p in (REPO, *extra))}
+
+
+@pytest.fixture(scope="session")
+def cluster(
+    mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory, example_site: Path, script_dir: Path
+) -> Iterator[LocalCluster]:
+    """Two single-slot worker nodes that also offer the tests' crash trainer,
+    the example trainer package and the scripts of ``script_dir``."""
     with LocalCluster(
         state_dir=tmp_path_factory.mktemp("cluster"),
         data_dir=mnist_dir,
         workers=2,
-        extra_env={"PYTHONPATH": str(REPO)},
+        extra_env=worker_path(example_site),
         worker_args=[
+            "--script-dir",
+            str(script_dir),
             "--trainer",
             "crash=tests.e2e.trainers:CRASH",
             "--trainer",

@@ -1,0 +1,141 @@
+"""What a training script imports to talk to ddpo: one call reports
+progress and any metrics, one saves a checkpoint a retry resumes from.
+
+    import ddpo
+
+    ddpo.report(step=step, loss=loss.item(), accuracy=acc)
+    ...
+    torch.save(state, ddpo.checkpoint_dir() / "state.pt")
+    ddpo.save_checkpoint(epoch=epoch)
+    ...
+    start_epoch = (ddpo.resume_epoch() or 0) + 1
+
+Under a ddpo worker, rank 0's reports reach the job (GET /jobs/{id},
+/jobs/{id}/metrics, the dashboard's chart), batched by the worker as the
+built-in trainer's are; other ranks' calls do nothing. Anywhere else (plain
+torchrun, a laptop) ``report`` prints one line on rank 0, and the checkpoint
+directory is ./checkpoint.
+
+This module imports neither torch nor the server: scripts pay nothing for it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import tarfile
+from numbers import Real
+from pathlib import Path
+from typing import Any
+
+__all__ = ["checkpoint_dir", "is_rank_zero", "report", "resume_epoch", "save_checkpoint"]
+
+# Set by the worker for each process it starts (worker/script_launch.py).
+RUN_DIR_ENV = "DDPO_RUN_DIR"
+CHECKPOINT_DIR_ENV = "DDPO_CHECKPOINT_DIR"
+RESUME_EPOCH_ENV = "DDPO_RESUME_EPOCH"
+
+_writer: Any = None
+_steps = 0
+
+
+def is_rank_zero() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _number(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if hasattr(value, "item"):  # a one-element tensor or numpy scalar
+        value = value.item()
+    if not isinstance(value, Real) or isinstance(value, bool):
+        raise TypeError(f"report(): {name} must be a number, not {type(value).__name__}")
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def report(
+    *,
+    step: int | None = None,
+    loss: Any = None,
+    epoch: int | None = None,
+    batch: int | None = None,
+    batches_per_epoch: int | None = None,
+    samples_per_sec: Any = None,
+    **metrics: Any,
+) -> None:
+    """Progress and named metrics from rank 0 (a no-op on other ranks).
+
+    ``step`` counts your steps (the chart's x axis); without one, each call
+    is the next step. ``epoch``/``batch``/``batches_per_epoch`` (when given)
+    drive the job's percent done. Every other keyword is a metric: a number
+    (non-finite ones read as null), named with letters, digits, ``_./-``.
+    """
+    global _writer, _steps
+    if not is_rank_zero():
+        return
+    _steps = step if step is not None else _steps + 1
+    values = {name: _number(name, value) for name, value in metrics.items()}
+    loss_value = _number("loss", loss)
+    speed = _number("samples_per_sec", samples_per_sec)
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if run_dir is None:
+        shown = {"loss": loss_value, **values} if loss_value is not None else values
+        text = " ".join(f"{k}={v:.6g}" if v is not None else f"{k}=nan" for k, v in shown.items())
+        print(f"[ddpo] step {_steps}: {text}", flush=True)
+        return
+    if _writer is None:
+        from worker.runfiles import ProgressWriter
+
+        _writer = ProgressWriter(Path(run_dir))
+        atexit.register(_writer.close)
+    done = batch if batch is not None else _steps
+    _writer(
+        epoch=epoch or 1,
+        batch=done,
+        batches_per_epoch=batches_per_epoch or max(done, 1),
+        loss=loss_value,
+        samples_per_sec=speed,
+        step=_steps,
+        metrics=values,
+    )
+
+
+def checkpoint_dir() -> Path:
+    """Where rank 0 writes what a retry needs (made if missing). Before a
+    retry starts, ddpo puts the last saved checkpoint back here, on every
+    machine."""
+    path = Path(os.environ.get(CHECKPOINT_DIR_ENV, "checkpoint"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def resume_epoch() -> int | None:
+    """The epoch the checkpoint in checkpoint_dir() reached, on a retry;
+    None on a first attempt (or outside ddpo)."""
+    value = os.environ.get(RESUME_EPOCH_ENV)
+    return int(value) if value else None
+
+
+def save_checkpoint(*, epoch: int) -> None:
+    """Rank 0: what checkpoint_dir() holds now is the job's checkpoint of
+    ``epoch``. The worker uploads it, and a retry resumes from it. Call it
+    once the files are written whole; other ranks' calls do nothing."""
+    if not is_rank_zero() or os.environ.get(RUN_DIR_ENV) is None:
+        return
+    if epoch < 1:
+        raise ValueError("save_checkpoint(): epoch counts from 1")
+    from worker import runfiles
+
+    run_dir = Path(os.environ[RUN_DIR_ENV])
+    path = runfiles.checkpoint_path(run_dir, epoch)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tarfile.open(tmp, "w") as archive:
+        archive.add(checkpoint_dir(), arcname=".")
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)  # the worker sees it whole or not at all
+    for older, older_epoch in runfiles.checkpoints(run_dir):
+        if older_epoch < epoch:
+            older.unlink(missing_ok=True)

@@ -1,0 +1,150 @@
+"""Users' own training on real workers: a trainer from an installed package
+(examples/charlm, pip-installed for the test) and torchrun-style scripts from
+the workers' --script-dir, with their progress, metrics, failures and
+checkpoints."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import psutil
+
+from cli.cluster import LocalCluster
+from tests.e2e.conftest import Jobs, rank_processes, until
+
+
+def test_an_installed_trainer_package_is_offered_with_its_schema_and_trains_on_two_nodes(
+    jobs: Jobs,
+) -> None:
+    listed = jobs.client.get("/trainers").raise_for_status().json()
+    (charlm,) = [t for t in listed["trainers"] if t["name"] == "charlm"]
+    assert charlm["version"] == "0.2.0"
+    assert sorted(charlm["nodes"]) == ["node-0", "node-1"]
+    schema = charlm["params_schema"]
+    assert schema["properties"]["context"]["maximum"] == 64
+    assert schema["additionalProperties"] is False
+
+    refused = jobs.client.post("/jobs", json={"trainer": "charlm", "params": {"context": 100}})
+    assert refused.status_code == 422
+    assert refused.json()["detail"][0]["msg"].startswith("params.context: 100 is greater than")
+
+    job_id = jobs.submit(
+        machines=2,
+        processes=1,
+        trainer="charlm",
+        epochs=2,
+        batch_size=32,
+        params={"context": 6, "steps_per_epoch": 40},
+    )
+    job = jobs.wait_done(job_id, timeout_s=180)
+    assert job["status"] == "succeeded", job["error"]
+    assert job["result"]["test_accuracy"] > 0
+    assert job["checkpoint"]["epoch"] == 2
+
+    metrics = jobs.client.get(f"/jobs/{job_id}/metrics").raise_for_status().json()
+    assert metrics["names"] == ["loss", "samples_per_sec", "perplexity", "char_accuracy"]
+    points = metrics["points"]
+    assert len(points) == 8  # every 10 of 40 steps, two epochs
+    assert [p["step"] for p in points] == [10, 20, 30, 40, 50, 60, 70, 80]
+    for point in points:
+        assert 1 < point["metrics"]["perplexity"] < 100
+        assert 0 <= point["metrics"]["char_accuracy"] <= 1
+    # It learns: the text is less surprising at the end than at the start.
+    assert points[-1]["metrics"]["perplexity"] < points[0]["metrics"]["perplexity"]
+    assert job["progress"]["metrics"] == points[-1]["metrics"]
+
+
+def test_a_script_runs_as_a_1x2_job_with_torchruns_environment_and_its_reports(
+    jobs: Jobs,
+) -> None:
+    job_id = jobs.submit(
+        processes=2,
+        script={"path": "torchrun_mlp.py", "args": ["--epochs", "2", "--steps-per-epoch", "20"]},
+    )
+    job = jobs.wait_done(job_id, timeout_s=120)
+    assert job["status"] == "succeeded", job["error"]
+    progress = job["progress"]
+    assert (progress["epoch"], progress["batch"], progress["step"]) == (2, 20, 40)
+    assert progress["percent"] == 100
+    assert 0 <= progress["metrics"]["accuracy"] <= 1
+    # Its checkpoint directory became the job's checkpoint.
+    assert job["checkpoint"]["epoch"] == 2
+
+    logs = jobs.client.get(f"/jobs/{job_id}/logs").raise_for_status().json()["lines"]
+    said = {(line["rank"], line["text"]) for line in logs}
+    assert (0, "rank 0 of 2 (local 0, machine 0): epochs 1..2") in said
+    assert (1, "rank 1 of 2 (local 1, machine 0): epochs 1..2") in said
+
+
+def test_a_script_that_raises_fails_the_job_with_rank_failed_and_its_traceback(
+    jobs: Jobs,
+) -> None:
+    job_id = jobs.submit(processes=2, script={"path": "tests/raises.py"}, max_restarts=2)
+    job = jobs.wait_done(job_id, timeout_s=120)
+    assert job["status"] == "failed"
+    error = job["error"]
+    assert error["reason"] == "rank_failed", error
+    assert error["rank"] == 1
+    assert error["exit_code"] == 1
+    assert "ValueError: shard 1 of 2 has no labels" in error["traceback_tail"]
+    # The traceback, down to the line that raised.
+    assert "Traceback (most recent call last)" in error["traceback_tail"]
+    assert ", in check_shard" in error["traceback_tail"]
+    assert 'raise ValueError(f"shard {rank} of {world} has no labels")' in error["traceback_tail"]
+    assert len(job["attempts"]) == 1  # the script's own failure: never retried
+    assert job["progress"]["metrics"] == {"ranks_met": 2.0}
+
+
+def test_a_script_killed_by_a_signal_resumes_from_its_checkpoint_directory(
+    jobs: Jobs, cluster: LocalCluster
+) -> None:
+    job_id = jobs.submit(
+        processes=2,
+        max_restarts=1,
+        script={
+            "path": "torchrun_mlp.py",
+            "args": ["--epochs", "3", "--steps-per-epoch", "20", "--step-seconds", "0.05"],
+        },
+    )
+    jobs.wait(
+        job_id,
+        lambda j: (j["checkpoint"] or {}).get("epoch") == 1,
+        60,
+        "the checkpoint of epoch 1",
+    )
+    (victim,) = until(
+        lambda: [
+            p for p in rank_processes(cluster) if _runs(p, "torchrun_mlp.py") and _rank(p) == "1"
+        ],
+        10,
+        "rank 1's interpreter",
+    )
+    victim.send_signal(signal.SIGKILL)  # as the OOM killer would
+
+    job = jobs.wait_done(job_id, timeout_s=120)
+    assert job["status"] == "succeeded", job["error"]
+    first, second = job["attempts"]
+    assert first["error"]["reason"] == "rank_exited"
+    assert "killed by SIGKILL" in first["error"]["message"]
+    assert second["resumed_from_epoch"] >= 1
+    resumed = second["resumed_from_epoch"]
+    logs = jobs.client.get(f"/jobs/{job_id}/logs").raise_for_status().json()["lines"]
+    texts = [line["text"] for line in logs if line["rank"] == 0]
+    assert "rank 0 of 2 (local 0, machine 0): epochs 1..3" in texts
+    assert f"rank 0 of 2 (local 0, machine 0): epochs {resumed + 1}..3" in texts
+    assert job["checkpoint"]["epoch"] == 3
+
+
+def _runs(process: psutil.Process, script: str) -> bool:
+    try:
+        return any(Path(arg).name == script for arg in process.cmdline())
+    except psutil.Error:
+        return False
+
+
+def _rank(process: psutil.Process) -> str | None:
+    try:
+        return process.environ().get("RANK")
+    except psutil.Error:
+        return None

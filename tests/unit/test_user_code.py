@@ -1,0 +1,172 @@
+"""What user code touches: the ``ddpo`` module scripts import (report,
+checkpoints), a worker's script directory, and the environment each script
+process gets."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import ddpo
+from api.schemas import Assignment, JobSpec, ScriptRef
+from tests.conftest import REPO
+from worker import runfiles, script_launch, scripts
+
+
+@pytest.fixture(autouse=True)
+def outside_ddpo(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in ("RANK", ddpo.RUN_DIR_ENV, ddpo.CHECKPOINT_DIR_ENV, ddpo.RESUME_EPOCH_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(ddpo, "_writer", None)
+    monkeypatch.setattr(ddpo, "_steps", 0)
+    yield
+    if ddpo._writer is not None:
+        ddpo._writer.close()
+
+
+def test_importing_ddpo_and_reporting_loads_neither_torch_nor_the_server(tmp_path: Path) -> None:
+    code = (
+        "import sys, ddpo; ddpo.report(step=1, loss=0.5, acc=1); ddpo.save_checkpoint(epoch=1); "
+        "print(sorted(m for m in ('torch', 'fastapi', 'sqlmodel') if m in sys.modules))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), ddpo.RUN_DIR_ENV: str(tmp_path), "RANK": "0"}
+    env[ddpo.CHECKPOINT_DIR_ENV] = str(tmp_path / "checkpoint")
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert runfiles.latest_checkpoint(tmp_path) is not None
+
+
+def test_outside_ddpo_report_prints_on_rank_0_and_does_nothing_elsewhere(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    ddpo.report(step=7, loss=0.25, accuracy=0.5)
+    ddpo.report(loss=float("nan"))
+    assert capsys.readouterr().out.splitlines() == [
+        "[ddpo] step 7: loss=0.25 accuracy=0.5",
+        "[ddpo] step 8: ",
+    ]
+    monkeypatch.setenv("RANK", "1")
+    ddpo.report(step=9, loss=0.1)
+    assert capsys.readouterr().out == ""
+    ddpo.save_checkpoint(epoch=1)  # nothing to hand a checkpoint to: harmless
+    assert ddpo.checkpoint_dir() == Path("checkpoint") and ddpo.resume_epoch() is None
+
+
+def test_under_ddpo_rank_0s_reports_reach_the_progress_file_with_their_metrics(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(ddpo.RUN_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    ddpo.report(step=10, loss=0.5, accuracy=0.75, lr=0.1)
+    ddpo.report(epoch=2, batch=3, batches_per_epoch=5, loss=float("inf"), bleu=12)
+    first, second = runfiles.ProgressReader(tmp_path).read_new()
+    assert (first.step, first.epoch, first.batch, first.loss) == (10, 1, 10, 0.5)
+    assert first.metrics == {"accuracy": 0.75, "lr": 0.1}
+    assert (second.step, second.epoch, second.batch, second.batches_per_epoch) == (11, 2, 3, 5)
+    assert second.loss is None and second.metrics == {"bleu": 12.0}
+    with pytest.raises(TypeError, match="accuracy must be a number"):
+        ddpo.report(step=1, accuracy="high")
+
+
+def test_save_checkpoint_hands_the_worker_the_directory_whole_and_keeps_only_the_newest(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(ddpo.RUN_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(ddpo.CHECKPOINT_DIR_ENV, str(tmp_path / "checkpoint"))
+    (ddpo.checkpoint_dir() / "model.bin").write_bytes(b"epoch one")
+    ddpo.save_checkpoint(epoch=1)
+    (ddpo.checkpoint_dir() / "model.bin").write_bytes(b"epoch two")
+    (ddpo.checkpoint_dir() / "sub").mkdir()
+    (ddpo.checkpoint_dir() / "sub" / "opt.bin").write_bytes(b"state")
+    ddpo.save_checkpoint(epoch=2)
+
+    assert [(p.name, e) for p, e in runfiles.checkpoints(tmp_path)] == [
+        ("checkpoint-epoch-2.pt", 2)
+    ]
+    restored = tmp_path / "restored"
+    with tarfile.open(runfiles.checkpoint_path(tmp_path, 2)) as archive:
+        archive.extractall(restored, filter="data")
+    assert (restored / "model.bin").read_bytes() == b"epoch two"
+    assert (restored / "sub" / "opt.bin").read_bytes() == b"state"
+
+
+def test_a_script_directory_offers_the_scripts_a_job_can_name_and_nothing_outside(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "scripts"
+    (root / "nlp").mkdir(parents=True)
+    (root / ".hidden").mkdir()
+    (root / "train.py").write_text("print('train')\n")
+    (root / "nlp" / "lm.py").write_text("print('lm')\n")
+    (root / ".hidden" / "secret.py").write_text("")
+    (root / "has space.py").write_text("")
+    (root / "notes.txt").write_text("")
+    outside = tmp_path / "outside.py"
+    outside.write_text("print('outside')\n")
+    (root / "link.py").symlink_to(outside)
+
+    offered = {s.path: s.sha256 for s in scripts.scan(root)}
+    assert sorted(offered) == ["nlp/lm.py", "train.py"]
+    assert offered["train.py"] == scripts.sha256_of(root / "train.py")
+
+    assert scripts.locate(root, ScriptRef(path="nlp/lm.py")) == (root / "nlp" / "lm.py").resolve()
+    with pytest.raises(scripts.ScriptUnavailable, match="is not in"):
+        scripts.locate(root, ScriptRef(path="link.py"))
+    with pytest.raises(scripts.ScriptUnavailable, match="changed since the job was submitted"):
+        scripts.locate(root, ScriptRef(path="train.py", sha256="0" * 64))
+    with pytest.raises(scripts.ScriptUnavailable, match="no script directory"):
+        scripts.locate(None, ScriptRef(path="train.py"))
+    assert scripts.scan(None) == []
+
+
+def test_each_script_process_gets_the_environment_torchrun_gives(tmp_path: Path) -> None:
+    spec = JobSpec(
+        script=ScriptRef(path="t.py"),
+        topology={"num_machines": 2, "num_processes": 3},
+        max_restarts=4,
+    )
+    assignment = Assignment(
+        part_id=5,
+        job_id=42,
+        attempt_id=9,
+        machine_id=1,
+        spec=spec,
+        master_addr="10.0.0.1",
+        restart_count=2,
+    )
+    config = runfiles.LaunchConfig(
+        assignment=assignment,
+        run_dir=tmp_path,
+        data_dir=tmp_path,
+        process_group_timeout_s=30,
+        parent_pid=os.getpid(),
+        cpus=6,
+    )
+    assert script_launch.torchrun_env(config, local_rank=2, master_port=29400) == {
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29400",
+        "WORLD_SIZE": "6",
+        "RANK": "5",
+        "LOCAL_RANK": "2",
+        "LOCAL_WORLD_SIZE": "3",
+        "GROUP_RANK": "1",
+        "GROUP_WORLD_SIZE": "2",
+        "ROLE_NAME": "default",
+        "ROLE_RANK": "5",
+        "ROLE_WORLD_SIZE": "6",
+        "TORCHELASTIC_RESTART_COUNT": "2",
+        "TORCHELASTIC_MAX_RESTARTS": "4",
+        "TORCHELASTIC_RUN_ID": "ddpo-job-42",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "OMP_NUM_THREADS": "2",
+    }

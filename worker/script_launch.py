@@ -1,0 +1,203 @@
+"""One part of a torchrun-style script job: each local rank runs the script
+in a fresh interpreter, with the environment torchrun gives its workers, and
+the first rank to fail decides how the part ends (the others are stopped,
+as torchrun's agent does).
+
+Machine 0's launcher hosts the job's store as for built-in trainers, so a
+script's ``init_process_group("gloo")`` (env://) joins it as a client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import ddpo
+from api.failures import FailureReason
+from worker import launcher, network, rank, runfiles, scripts
+
+# How often the launcher looks at its ranks; and how long a rank stopped
+# because another failed has to exit before SIGKILL.
+POLL_S = 0.05
+STOP_GRACE_S = 5.0
+
+
+def run(config: runfiles.LaunchConfig) -> runfiles.Outcome:
+    assignment = config.assignment
+    ref = assignment.spec.script
+    assert ref is not None
+    try:
+        path = scripts.locate(config.script_dir, ref)
+        checkpoint_dir = _checkpoint_dir(config)
+    except (scripts.ScriptUnavailable, OSError, tarfile.TarError) as exc:
+        return launcher.could_not(
+            "prepare", FailureReason.PREPARE_FAILED, assignment.machine_id, exc
+        )
+    try:
+        # The store lives as long as this frame, that is until the ranks exit.
+        store = launcher.host_store(config) if assignment.machine_id == 0 else None
+        master_port = runfiles.await_rendezvous(config.run_dir, config.process_group_timeout_s)
+    except Exception as exc:
+        return launcher.could_not(
+            "rendezvous", FailureReason.RENDEZVOUS_FAILED, assignment.machine_id, exc
+        )
+    ranks = [
+        _start(config, path, local_rank, master_port, checkpoint_dir)
+        for local_rank in range(config.local_processes)
+    ]
+    try:
+        return _supervise(config, ranks)
+    finally:
+        _stop(ranks)
+        del store
+
+
+def torchrun_env(
+    config: runfiles.LaunchConfig, local_rank: int, master_port: int
+) -> dict[str, str]:
+    """The variables torchrun sets for a worker process, for this rank."""
+    assignment = config.assignment
+    spec = assignment.spec
+    global_rank = assignment.rank_of(local_rank)
+    return {
+        "MASTER_ADDR": assignment.master_addr,
+        "MASTER_PORT": str(master_port),
+        "WORLD_SIZE": str(assignment.world_size),
+        "RANK": str(global_rank),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(spec.topology.num_processes),
+        "GROUP_RANK": str(assignment.machine_id),
+        "GROUP_WORLD_SIZE": str(spec.topology.num_machines),
+        "ROLE_NAME": "default",
+        "ROLE_RANK": str(global_rank),
+        "ROLE_WORLD_SIZE": str(assignment.world_size),
+        "TORCHELASTIC_RESTART_COUNT": str(assignment.restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+        "TORCHELASTIC_RUN_ID": f"ddpo-job-{assignment.job_id}",
+        # Machine 0's launcher hosts the store; every rank is its client.
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "OMP_NUM_THREADS": str(rank.threads_for(config)),
+    }
+
+
+def _checkpoint_dir(config: runfiles.LaunchConfig) -> Path:
+    """This machine's DDPO_CHECKPOINT_DIR; on a retry, the job's last saved
+    checkpoint put back in it."""
+    directory = config.run_dir / runfiles.CHECKPOINT_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    if config.resume_from is not None:
+        with tarfile.open(config.resume_from) as archive:
+            # "data": no links out, no devices, no absolute or ../ paths.
+            archive.extractall(directory, filter="data")
+    return directory
+
+
+def _start(
+    config: runfiles.LaunchConfig, path: Path, local_rank: int, master_port: int, checkpoint: Path
+) -> subprocess.Popen[bytes]:
+    assignment = config.assignment
+    ref = assignment.spec.script
+    assert ref is not None
+    env = {
+        **os.environ,
+        **torchrun_env(config, local_rank, master_port),
+        **network.collective_env(config.interface, os.environ),
+        ddpo.RUN_DIR_ENV: str(config.run_dir),
+        ddpo.CHECKPOINT_DIR_ENV: str(checkpoint),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if assignment.resume_epoch is not None:
+        env[ddpo.RESUME_EPOCH_ENV] = str(assignment.resume_epoch)
+    else:
+        env.pop(ddpo.RESUME_EPOCH_ENV, None)
+    log_path = runfiles.rank_log(config.run_dir, assignment.rank_of(local_rank))
+    with open(log_path, "ab") as output:
+        # In the launcher's process group: the daemon's one signal reaches it.
+        return subprocess.Popen(
+            [sys.executable, str(path), *ref.args],
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            cwd=config.run_dir,
+            env=env,
+        )
+
+
+def _supervise(
+    config: runfiles.LaunchConfig, ranks: list[subprocess.Popen[bytes]]
+) -> runfiles.Outcome:
+    """Wait for every rank; the first to fail ends the part (a rank that
+    only saw a peer go away yields to one that failed by itself)."""
+    while True:
+        codes = [process.poll() for process in ranks]
+        failed = [(index, code) for index, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            outcomes = [_failure(config, index, code) for index, code in failed if code is not None]
+            causes = [o for o in outcomes if o.reason is not FailureReason.PEER_FAILURE]
+            return (causes or outcomes)[0]
+        if all(code == 0 for code in codes):
+            return runfiles.Outcome(status="succeeded", exit_code=0)
+        time.sleep(POLL_S)
+
+
+def _failure(config: runfiles.LaunchConfig, local_rank: int, code: int) -> runfiles.Outcome:
+    assignment = config.assignment
+    global_rank = assignment.rank_of(local_rank)
+    where = f"rank {global_rank} (machine {assignment.machine_id})"
+    tail = _tail(runfiles.rank_log(config.run_dir, global_rank))
+    if code < 0:
+        # Killed: by the OOM killer, an operator, a lost machine. Retryable.
+        return runfiles.Outcome(
+            status="failed",
+            reason=FailureReason.RANK_EXITED,
+            message=f"{where} was killed by {signal.Signals(-code).name}",
+            failing_rank=global_rank,
+            exit_code=code,
+            traceback_tail=tail or None,
+        )
+    # The script ended itself non-zero (an exception exits 1): its own doing,
+    # unless what it printed says a peer went away first.
+    reason = launcher.classify(tail)
+    what = {
+        FailureReason.PEER_FAILURE: "lost a peer",
+        FailureReason.RENDEZVOUS_FAILED: "could not rendezvous",
+    }.get(reason, f"exited with code {code}")
+    return runfiles.Outcome(
+        status="failed",
+        reason=reason,
+        message=f"{where} {what}",
+        failing_rank=global_rank,
+        exit_code=code,
+        traceback_tail=tail or None,
+    )
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - launcher.TRACEBACK_TAIL_CHARS))
+            return f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+def _stop(ranks: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to the ranks still running, SIGKILL after the grace period."""
+    alive = [process for process in ranks if process.poll() is None]
+    for process in alive:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for process in alive:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
