@@ -49,6 +49,11 @@ def example_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory of its own, as a third party's package would be: workers that
     have it on their path offer its trainer through the entry point."""
     site = tmp_path_factory.mktemp("site-packages")
+    # Built from a copy: setuptools writes build/ next to the sources.
+    source = tmp_path_factory.mktemp("source") / "charlm"
+    shutil.copytree(
+        EXAMPLES / "charlm", source, ignore=shutil.ignore_patterns("build", "*.egg-info")
+    )
     subprocess.run(
         [
             sys.executable,
@@ -60,11 +65,10 @@ def example_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--no-build-isolation",
             "--target",
             str(site),
-            str(EXAMPLES / "charlm"),
+            str(source),
         ],
         check=True,
         timeout=180,
-        cwd=tmp_path_factory.mktemp("pip-build"),
     )
     return site
 
