@@ -79,7 +79,8 @@ def job_public(
 def _progress_public(job: Job, now: datetime) -> public.ProgressPublic | None:
     if job.progress_at is None or not job.progress_batches_per_epoch:
         return None
-    epochs = job.spec.epochs
+    # A script says how many epochs it runs; a trainer's are the spec's.
+    epochs = job.progress_epochs or job.spec.epochs
     percent = percent_done(
         epoch=job.progress_epoch or 1,
         batch=job.progress_batch or 0,

@@ -100,6 +100,7 @@ class Job(SQLModel, table=True):
     progress_loss: float | None = None
     progress_samples_per_sec: float | None = None
     progress_step: int | None = None
+    progress_epochs: int | None = None
     progress_metrics: dict[str, float | None] | None = Field(default=None, sa_column=Column(JSON))
     progress_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     result: TrainResult | None = Field(default=None, sa_column=Column(ModelJSON(TrainResult)))

@@ -62,14 +62,15 @@ def report(
     epoch: int | None = None,
     batch: int | None = None,
     batches_per_epoch: int | None = None,
+    epochs: int | None = None,
     samples_per_sec: Any = None,
     **metrics: Any,
 ) -> None:
     """Progress and named metrics from rank 0 (a no-op on other ranks).
 
     ``step`` counts your steps (the chart's x axis); without one, each call
-    is the next step. ``epoch``/``batch``/``batches_per_epoch`` (when given)
-    drive the job's percent done. Every other keyword is a metric: a number
+    is the next step. ``epoch``/``batch``/``batches_per_epoch``/``epochs``
+    (when given) drive the job's percent done. Every other keyword is a metric: a number
     (non-finite ones read as null), named with letters, digits, ``_./-``.
     """
     global _writer, _steps
@@ -99,6 +100,7 @@ def report(
         samples_per_sec=speed,
         step=_steps,
         metrics=values,
+        epochs=epochs,
     )
 
 

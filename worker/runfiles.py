@@ -199,6 +199,7 @@ class ProgressWriter:
         samples_per_sec: float | None,
         step: int | None = None,
         metrics: dict[str, float | None] | None = None,
+        epochs: int | None = None,
     ) -> None:
         report = ProgressReport(
             seq=self._seq,
@@ -209,6 +210,7 @@ class ProgressWriter:
             loss=loss,
             samples_per_sec=samples_per_sec,
             metrics=metrics or {},
+            epochs=epochs,
             at=datetime.now(timezone.utc),
         )
         self._file.write(report.model_dump_json() + "\n")

@@ -103,6 +103,7 @@ def record_progress(core: Core, part_id: int, batch: ProgressBatch) -> bool:
                 job.progress_loss = latest.loss
                 job.progress_samples_per_sec = latest.samples_per_sec
                 job.progress_step = latest.step
+                job.progress_epochs = latest.epochs
                 job.progress_metrics = latest.metrics or None
                 job.progress_at = latest.at
         return True

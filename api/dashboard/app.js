@@ -6,7 +6,8 @@ const STATUSES = ["queued", "running", "cancelling", "succeeded", "failed", "can
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 const JOB_POLL_MS = 1000;   // the job page: about once a second
 const LIST_POLL_MS = 2000;  // lists
-const SLOW_EVERY = 3;       // the chart and the logs: every third poll of the job
+const SLOW_EVERY = 3;
+const BUILT_IN_METRICS = new Set(["loss", "samples_per_sec"]);       // the chart and the logs: every third poll of the job
 const LOG_LINES = 100;
 
 // --- helpers -----------------------------------------------------------------
@@ -226,6 +227,7 @@ function jobPage(id) {
     </div>
     <div class="card"><h2>Loss and throughput</h2><div id="loss-chart" class="chart"></div>
       <p id="chart-empty" class="muted" hidden></p></div>
+    <div id="metrics-card" class="card" hidden><h2>The trainer's metrics</h2><div id="metrics-chart" class="chart"></div></div>
     <div id="error-card" class="card" hidden><h2>Error</h2><div id="error"></div></div>
     <div class="grid">
       <div class="card"><h2>Result</h2><div id="result" class="muted">When it has finished.</div></div>
@@ -288,9 +290,16 @@ function jobPage(id) {
     ].map(([k, v]) => `<dt>${k}</dt><dd>${esc(v)}</dd>`).join("");
 
     const s = job.spec;
-    document.getElementById("spec").innerHTML = [
+    const what = s.script
+      ? [["script", [s.script.path, ...s.script.args].join(" ")],
+         ["content", s.script.sha256 ? `sha256 ${s.script.sha256.slice(0, 12)}…` : "not pinned yet"]]
+      : [["trainer", s.trainer],
+         ...(Object.keys(s.params || {}).length
+           ? [["params", Object.entries(s.params).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ")]]
+           : [])];
+    const specRows = [
       ["topology", `${topology(s)} (world size ${job.world_size})`],
-      ["backend", s.backend], ["trainer", s.trainer],
+      ["backend", s.backend], ...what,
       ["batch / process", s.batch_size], ["epochs", s.epochs], ["lr", s.lr], ["seed", s.seed],
       ["max steps / epoch", s.max_steps_per_epoch ?? "all"],
       ["max restarts", s.max_restarts],
@@ -299,7 +308,11 @@ function jobPage(id) {
       ["attempt", job.attempt],
       ["rendezvous", job.master_port ? `${job.master_addr}:${job.master_port}` : "–"],
       ["performance", Object.entries(s.performance || {}).map(([k, v]) => `${k}=${v}`).join(", ")],
-    ].map(([k, v]) => `<dt>${k}</dt><dd>${esc(v)}</dd>`).join("");
+    ];
+    // A script reads its own arguments, not the trainer fields of the spec.
+    const trainerOnly = new Set(["batch / process", "epochs", "lr", "seed", "max steps / epoch", "performance"]);
+    document.getElementById("spec").innerHTML = specRows.filter(([k]) => !(s.script && trainerOnly.has(k)))
+      .map(([k, v]) => `<dt>${k}</dt><dd>${esc(v)}</dd>`).join("");
 
     const r = job.result;
     if (!r) {
@@ -312,7 +325,7 @@ function jobPage(id) {
       document.getElementById("result").className = "";
       document.getElementById("result").innerHTML = `
         <div id="accuracy" class="big-number">${percent(r.test_accuracy)}</div>
-        <div class="muted" style="margin-bottom:8px">test accuracy (10,000 images)</div>
+        <div class="muted" style="margin-bottom:8px">test accuracy${s.trainer === "mnist" ? " (10,000 images)" : ""}</div>
         <dl class="facts"><dt>test loss</dt><dd>${fixed(r.test_loss, 4)}</dd>
           <dt>last-epoch train loss</dt><dd>${fixed(r.train_loss, 4)}</dd>
           <dt>throughput</dt><dd>${rate(r.samples_per_sec)}</dd>
@@ -370,6 +383,30 @@ function jobPage(id) {
       legend: { orientation: "h", y: 1.12 },
       font: { family: getComputedStyle(document.body).fontFamily, size: 12 },
     }, { displayModeBar: false, responsive: true });
+    refreshOwnMetrics(metrics.names.filter((n) => !BUILT_IN_METRICS.has(n)), points, steps);
+  }
+
+  // Whatever else the trainer reports (perplexity, accuracy, ...): one small
+  // chart each, stacked, sharing the step axis.
+  function refreshOwnMetrics(names, points, steps) {
+    const card = document.getElementById("metrics-card");
+    card.hidden = names.length === 0;
+    if (names.length === 0) return;
+    const traces = names.map((name, i) => ({
+      x: steps, y: points.map((q) => q.metrics[name] ?? null), name, mode: "lines+markers",
+      marker: { size: 4 }, xaxis: "x", yaxis: i === 0 ? "y" : `y${i + 1}`,
+    }));
+    const layout = {
+      grid: { rows: names.length, columns: 1, pattern: "coupled", roworder: "top to bottom" },
+      height: 70 + 150 * names.length,
+      margin: { l: 60, r: 20, t: 10, b: 40 },
+      xaxis: { title: { text: "step" } },
+      legend: { orientation: "h", y: 1.05 },
+      font: { family: getComputedStyle(document.body).fontFamily, size: 12 },
+    };
+    names.forEach((name, i) => { layout[i === 0 ? "yaxis" : `yaxis${i + 1}`] = { title: { text: name } }; });
+    document.getElementById("metrics-chart").style.height = `${layout.height}px`;
+    Plotly.react("metrics-chart", traces, layout, { displayModeBar: false, responsive: true });
   }
 
   async function refreshLogs(job) {

@@ -37,6 +37,9 @@ class ProgressReport(Strict):
     epoch: int = Field(ge=1, le=DB_INT_MAX)
     batch: int = Field(ge=0, le=DB_INT_MAX, description="Batches done in this epoch")
     batches_per_epoch: int = Field(ge=1, le=DB_INT_MAX)
+    epochs: int | None = Field(
+        None, ge=1, le=DB_INT_MAX, description="Epochs the run has, if not the spec's (a script)"
+    )
     loss: float | None = Field(None, description="Non-finite (diverged) losses read as null")
     samples_per_sec: float | None = Field(None, ge=0, allow_inf_nan=False)
     metrics: dict[MetricName, float | None] = Field(

@@ -97,6 +97,7 @@ def main() -> None:
                     epoch=epoch,
                     batch=step,
                     batches_per_epoch=args.steps_per_epoch,
+                    epochs=args.epochs,
                     loss=loss.item(),
                     accuracy=accuracy.item(),
                 )

@@ -234,3 +234,62 @@ def test_the_job_and_study_pages_tell_the_whole_story(
     ideal = page.eval_on_selector("#speedup-chart", "c => c.data[0].y")
     assert ideal == [1, 2]
     page.screenshot(path=str(ARTIFACTS / "dashboard-study.png"), full_page=True)
+
+
+def test_an_installed_trainer_package_is_offered_with_its_schema_and_its_metrics_charted(
+    page: Any, cluster: LocalCluster, jobs: Jobs
+) -> None:
+    """examples/charlm, pip-installed (the example_site fixture) on both nodes."""
+    listed = jobs.client.get("/trainers").raise_for_status().json()
+    (charlm,) = [t for t in listed["trainers"] if t["name"] == "charlm"]
+    assert charlm["version"] == "0.2.0"
+    assert sorted(charlm["nodes"]) == ["node-0", "node-1"]
+    schema = charlm["params_schema"]
+    assert schema["properties"]["context"]["maximum"] == 64
+    assert schema["additionalProperties"] is False
+
+    refused = jobs.client.post("/jobs", json={"trainer": "charlm", "params": {"context": 100}})
+    assert refused.status_code == 422
+    assert refused.json()["detail"][0]["msg"].startswith("params.context: 100 is greater than")
+
+    job_id = jobs.submit(
+        machines=2,
+        processes=1,
+        trainer="charlm",
+        epochs=2,
+        batch_size=32,
+        params={"context": 6, "steps_per_epoch": 40},
+    )
+    job = jobs.wait_done(job_id, timeout_s=180)
+    assert job["status"] == "succeeded", job["error"]
+    assert job["result"]["test_accuracy"] > 0
+    assert job["checkpoint"]["epoch"] == 2
+
+    metrics = jobs.client.get(f"/jobs/{job_id}/metrics").raise_for_status().json()
+    assert metrics["names"] == ["loss", "samples_per_sec", "perplexity", "char_accuracy"]
+    points = metrics["points"]
+    assert len(points) == 8  # every 10 of 40 steps, two epochs
+    assert [p["step"] for p in points] == [10, 20, 30, 40, 50, 60, 70, 80]
+    for point in points:
+        assert 1 < point["metrics"]["perplexity"] < 100
+        assert 0 <= point["metrics"]["char_accuracy"] <= 1
+    # It learns: the text is less surprising at the end than at the start.
+    assert points[-1]["metrics"]["perplexity"] < points[0]["metrics"]["perplexity"]
+    assert job["progress"]["metrics"] == points[-1]["metrics"]
+
+    # The job page charts them, one small chart each, with every point.
+    assert cluster.tokens is not None
+    page.goto(f"{cluster.url}/ui/jobs/{job_id}")
+    sign_in(page, cluster, cluster.tokens.user)
+    page.wait_for_function(
+        "() => document.getElementById('metrics-chart').data?.length === 2", timeout=30_000
+    )
+    charted = page.eval_on_selector(
+        "#metrics-chart", "c => c.data.map(t => [t.name, t.x.length, t.y[t.y.length - 1]])"
+    )
+    assert charted == [
+        ["perplexity", 8, points[-1]["metrics"]["perplexity"]],
+        ["char_accuracy", 8, points[-1]["metrics"]["char_accuracy"]],
+    ]
+    assert page.locator("#metrics-card").is_visible()
+    page.screenshot(path=str(ARTIFACTS / "dashboard-plugin-metrics.png"), full_page=True)
