@@ -7,6 +7,7 @@ cut. CI sets DDPO_REQUIRE_TEST_HOSTS: there these tests never skip."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import sqlite3
@@ -23,7 +24,7 @@ from cli import hosts as test_hosts
 from cli.cluster import LocalCluster
 from cli.hosts import TestHosts
 from tests.conftest import REPO
-from tests.e2e.conftest import Jobs, record, still_running, training_processes, until
+from tests.e2e.conftest import EXAMPLES, Jobs, record, still_running, training_processes, until
 from worker import cores
 
 pytestmark = pytest.mark.e2e
@@ -62,7 +63,7 @@ def hosted_cluster(
 
 @pytest.fixture(scope="module")
 def three(
-    mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory, script_dir: Path
 ) -> Iterator[tuple[TestHosts, LocalCluster]]:
     """Three worker hosts: a 2-machine job, and a third host to move to."""
     assert "GLOO_SOCKET_IFNAME" not in os.environ, "the tests must not pick the interface"
@@ -70,6 +71,7 @@ def three(
         tmp_path_factory.mktemp("multihost"),
         mnist_dir,
         workers=3,
+        worker_args=["--script-dir", str(script_dir)],
         server_env={
             "DDPO_RETRY_BACKOFF_S": "0.5",
             "DDPO_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S),
@@ -147,6 +149,63 @@ def assert_trained_across_hosts(
         assert sent >= least and received >= least, (name, sent, received, least)
         sent_by.append(sent)
     return sent_by
+
+
+def test_a_torchrun_script_runs_on_one_host_across_two_and_under_torchrun_unchanged(
+    jobs: Jobs, three: tuple[TestHosts, LocalCluster], tmp_path: Path
+) -> None:
+    """examples/scripts/torchrun_mlp.py as a 1 x 2 job, as a 2 x 1 job across
+    two test hosts, and under plain torchrun: the same bytes each time."""
+    hosts, _cluster = three
+    example = EXAMPLES / "scripts" / "torchrun_mlp.py"
+    args = ["--epochs", "2", "--steps-per-epoch", "20"]
+    (offered,) = [
+        s for s in jobs.client.get("/trainers").json()["scripts"] if s["path"] == example.name
+    ]
+    assert offered["sha256"] == hashlib.sha256(example.read_bytes()).hexdigest()
+    assert sorted(offered["nodes"]) == ["node-0", "node-1", "node-2"]
+
+    one_host = jobs.wait_done(jobs.submit(processes=2, script={"path": example.name, "args": args}))
+    assert one_host["status"] == "succeeded", one_host["error"]
+    assert len({p["node_name"] for p in one_host["parts"]}) == 1
+
+    before = {name: hosts.bytes_moved(name) for name in hosts.names}
+    job_id = jobs.submit(machines=2, script={"path": example.name, "args": args})
+    job = jobs.wait_done(job_id)
+    assert job["status"] == "succeeded", job["error"]
+    machines = [node_of(job, 0), node_of(job, 1)]
+    assert machines[0]["node_name"] != machines[1]["node_name"]
+    assert job["master_addr"] == hosts.address(machines[0]["node_name"])
+    # Its gradients (an MLP's: 16x64 + 64 + 64x4 + 4 floats) crossed the
+    # bridge at each of its 40 steps.
+    least = 40 * (16 * 64 + 64 + 64 * 4 + 4) * 4
+    for part in machines:
+        name = part["node_name"]
+        assert hosts.bytes_moved(name)[1] - before[name][1] >= least, name
+    for done in (one_host, job):
+        progress = done["progress"]
+        assert (progress["epoch"], progress["batch"], progress["step"]) == (2, 20, 40)
+        assert 0 <= progress["metrics"]["accuracy"] <= 1
+    logs = jobs.client.get(f"/jobs/{job_id}/logs").json()["lines"]
+    assert (1, "rank 1 of 2 (local 0, machine 1): epochs 1..2") in {
+        (line["rank"], line["text"]) for line in logs
+    }
+
+    torchrun = Path(sys.executable).parent / "torchrun"
+    plain = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc_per_node", "2", str(example), *args],
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if not k.startswith("DDPO_")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    # Outside ddpo, report() prints on rank 0.
+    printed = [line for line in plain.stdout.splitlines() if line.startswith("[ddpo] step ")]
+    assert [line.split(":")[0] for line in printed] == [
+        f"[ddpo] step {s}" for s in (10, 20, 30, 40)
+    ]
 
 
 def rows_of_attempt(cluster: LocalCluster, job_id: int, number: int) -> tuple[int, int]:
