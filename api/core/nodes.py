@@ -51,8 +51,8 @@ def register_node(
         node.slots = registration.slots
         node.gpus = registration.gpus
         node.cpus = registration.cpus
-        node.trainers = [offer.name for offer in registration.trainers]
-        node.trainer_offers = [offer.model_dump(mode="json") for offer in registration.trainers]
+        node.trainers = [offer.name for offer in registration.offers]
+        node.trainer_offers = [offer.model_dump(mode="json") for offer in registration.offers]
         node.scripts = {script.path: script.sha256 for script in registration.scripts}
         node.state = NodeState.LIVE
         node.last_heartbeat_at = now

@@ -7,6 +7,7 @@ import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
+from pydantic import Strict as PydanticStrict
 
 from api.failures import FailureReason
 from api.schemas.spec import SCRIPT_PATH_PATTERN, SHA256_PATTERN, JobSpec, TrainResult
@@ -42,7 +43,7 @@ class ProgressReport(Strict):
     )
     loss: float | None = Field(None, description="Non-finite (diverged) losses read as null")
     samples_per_sec: float | None = Field(None, ge=0, allow_inf_nan=False)
-    metrics: dict[MetricName, float | None] = Field(
+    metrics: dict[MetricName, Annotated[float, PydanticStrict()] | None] = Field(
         default_factory=dict,
         max_length=MAX_METRICS,
         description="Any other named numbers (non-finite ones read as null)",
@@ -82,10 +83,8 @@ class ScriptOffer(Strict):
     sha256: str = Field(pattern=SHA256_PATTERN)
 
 
-def _offer(value: Any) -> Any:
-    # A bare name (what nodes said before trainers had schemas) offers the
-    # trainer with no declared parameters.
-    return {"name": value} if isinstance(value, str) else value
+def _only_mnist() -> list[TrainerOffer | str]:
+    return ["mnist"]
 
 
 class NodeRegistration(Strict):
@@ -94,8 +93,8 @@ class NodeRegistration(Strict):
     slots: int = Field(1, ge=1, le=64, description="Job parts it runs at once")
     gpus: int = Field(0, ge=0, le=64)
     cpus: int = Field(1, ge=1, le=4096)
-    trainers: list[TrainerOffer] = Field(
-        default_factory=lambda: [TrainerOffer(name="mnist")],
+    trainers: list[TrainerOffer | Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(
+        default_factory=_only_mnist,
         max_length=64,
         description="The trainers it offers (a bare name: one with no declared parameters)",
     )
@@ -103,10 +102,11 @@ class NodeRegistration(Strict):
         default_factory=list, max_length=1024, description="The scripts in its --script-dir"
     )
 
-    @field_validator("trainers", mode="before")
-    @classmethod
-    def _names_are_offers(cls, value: Any) -> Any:
-        return [_offer(v) for v in value] if isinstance(value, list) else value
+    @property
+    def offers(self) -> list[TrainerOffer]:
+        """``trainers``, every one an offer: a bare name (what nodes said
+        before trainers had schemas) offers one with no declared parameters."""
+        return [t if isinstance(t, TrainerOffer) else TrainerOffer(name=t) for t in self.trainers]
 
 
 class NodeRegistered(BaseModel):
