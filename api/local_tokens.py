@@ -43,7 +43,7 @@ def load_or_make(path: Path) -> tuple[LocalTokens, bool]:
     if found is not None:
         return found, False
     tokens = LocalTokens(admin=secrets.token_urlsafe(32), join=secrets.token_urlsafe(32))
-    _write_private(path, f"{ADMIN}={tokens.admin}\n{JOIN}={tokens.join}\n")
+    write_private(path, f"{ADMIN}={tokens.admin}\n{JOIN}={tokens.join}\n")
     return tokens, True
 
 
@@ -76,7 +76,7 @@ def announce(url: str, token_file: Path) -> Path:
     port = urlsplit(url).port or 80
     note = {"url": url, "pid": os.getpid(), "token_file": str(token_file)}
     path = _note_path(port)
-    _write_private(path, json.dumps(note))
+    write_private(path, json.dumps(note))
     return path
 
 
@@ -102,7 +102,7 @@ def tokens_for(url: str) -> LocalTokens | None:
         pid, token_file = int(note["pid"]), Path(note["token_file"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not _alive(pid):
+    if not process_alive(pid):
         return None
     return read_token_file(token_file)
 
@@ -113,17 +113,18 @@ def _is_this_host(name: str) -> bool:
     return name.lower() in {socket.gethostname().lower(), socket.getfqdn().lower()}
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process of that id runs (someone else's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # someone else's: its files will not be readable anyway
+        return True  # someone else's
     return True
 
 
-def _write_private(path: Path, text: str) -> None:
+def write_private(path: Path, text: str) -> None:
     """Write ``text`` to ``path``, readable by its owner only, atomically."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     partial = path.with_name(f".{path.name}.{os.getpid()}")

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from api import local_tokens
+
 
 def path() -> Path:
     if "DDPO_CLUSTER_FILE" in os.environ:
@@ -31,10 +33,8 @@ class KeptCluster:
 
 def write(cluster: KeptCluster) -> Path:
     where = path()
-    where.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(where, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        json.dump({"server": cluster.server, "token": cluster.token, "pid": cluster.pid}, out)
+    note = {"server": cluster.server, "token": cluster.token, "pid": cluster.pid}
+    local_tokens.write_private(where, json.dumps(note))
     return where
 
 
@@ -54,10 +54,4 @@ def read() -> KeptCluster | None:
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    try:
-        os.kill(found.pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass  # alive, someone else's
-    return found
+    return found if local_tokens.process_alive(found.pid) else None

@@ -101,21 +101,21 @@ def test_an_idempotency_key_makes_a_new_job_once_it_has_expired(forgetful: httpx
 
 
 @pytest.fixture
-def small_quota(tmp_path: Path) -> Iterator[tuple[ThreadedServer, httpx.Client]]:
+def small_quota(tmp_path: Path) -> Iterator[tuple[ThreadedServer, ProtocolNode, int]]:
+    """A server with a 1 MiB quota, and a node running machine 0 of a job."""
     settings = make_settings(
         tmp_path, poll_wait_s=0.5, artifacts_quota_mb=1, artifacts_dir=tmp_path / "artifacts"
     )
     with ThreadedServer(settings) as server, httpx.Client(base_url=server.url, timeout=10) as c:
-        yield server, c
+        node = ProtocolNode(c, "a")
+        submit(c, epochs=3)
+        yield server, node, started(node)["part_id"]
 
 
 def test_checkpoints_past_the_quota_are_refused_naming_it(
-    small_quota: tuple[ThreadedServer, httpx.Client],
+    small_quota: tuple[ThreadedServer, ProtocolNode, int],
 ) -> None:
-    _, client = small_quota
-    node = ProtocolNode(client, "a")
-    submit(client, epochs=3)
-    part_id = started(node)["part_id"]
+    _, node, part_id = small_quota
     too_big = put_checkpoint(node, part_id, 1, b"x" * (2 * 2**20))
     assert too_big.status_code == 413
     assert "DDPO_ARTIFACTS_QUOTA_MB=1" in too_big.json()["detail"]
@@ -123,12 +123,9 @@ def test_checkpoints_past_the_quota_are_refused_naming_it(
 
 
 def test_a_part_uploads_one_checkpoint_at_a_time(
-    small_quota: tuple[ThreadedServer, httpx.Client],
+    small_quota: tuple[ThreadedServer, ProtocolNode, int],
 ) -> None:
-    server, client = small_quota
-    node = ProtocolNode(client, "a")
-    submit(client, epochs=3)
-    part_id = started(node)["part_id"]
+    server, node, part_id = small_quota
 
     def first_upload() -> socket.socket:
         """Its head and part of its body, the rest held back."""
