@@ -32,6 +32,11 @@ TRACEBACK_TAIL_CHARS = 4000
 PEER_FAILURE_SIGNS = (
     "Connection closed by peer",
     "Connection reset by peer",
+    # gloo's other words for a peer's socket going away mid-collective
+    # (libtorch_cpu's strings), and a write to it once it has.
+    "Socket closed",
+    "Socket unexpectedly closed",
+    "Broken pipe",
     "NCCL communicator was aborted",
 )
 

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from api.failures import FailureReason, Retry, names_the_cause
 from api.schemas import PartFinished
 from tests.conftest import REPO
+from worker import launcher
 
 R = FailureReason
 
@@ -71,3 +72,21 @@ def test_the_openapi_document_lists_the_reasons() -> None:
     schema = PartFinished.model_json_schema()
     assert set(schema["$defs"]["FailureReason"]["enum"]) == {r.value for r in FailureReason}
     assert {r.retry for r in FailureReason} == set(Retry)
+
+
+@pytest.mark.parametrize(
+    ("printed", "reason"),
+    [
+        ("ValueError: shard 1 of 2 has no labels", FailureReason.RANK_FAILED),
+        ("[pair.cc:534] Connection closed by peer [10.0.0.2]:41234", FailureReason.PEER_FAILURE),
+        ("Read error [10.0.0.2]:41234: Connection reset by peer", FailureReason.PEER_FAILURE),
+        ("DistBackendError: [pair.cc:598] Socket closed", FailureReason.PEER_FAILURE),
+        ("[pair.cc:210] Socket unexpectedly closed", FailureReason.PEER_FAILURE),
+        ("Write error [10.0.0.2]:41234: Broken pipe", FailureReason.PEER_FAILURE),
+        ("worker.runfiles.RendezvousTimeout: no port", FailureReason.RENDEZVOUS_FAILED),
+    ],
+)
+def test_a_ranks_traceback_says_whether_it_failed_or_only_saw_a_peer_go(
+    printed: str, reason: FailureReason
+) -> None:
+    assert launcher.classify(f"Traceback (most recent call last):\n{printed}") is reason
