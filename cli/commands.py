@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from api.lifecycle import JobStatus, NodeState
 from api.schemas import JobPublic, JobsPublic, LogLinePublic, LogsPublic, NodesPublic
+from api.schemas.public import TrainersPublic
 from cli import render
 from cli.api import DEFAULT_SERVER, Api, CliError, riding_out_restarts, server_url, token_for
 from cli.jobs import add_spec_arguments, follow, spec_from_args, submit_once
@@ -261,6 +262,27 @@ def run_nodes(args: argparse.Namespace) -> int:
         _print_json(data)
     else:
         print(render.nodes_table(NodesPublic.model_validate(data)))
+    return 0
+
+
+# --- trainers -------------------------------------------------------------------
+
+
+def add_trainers(commands: Any) -> None:
+    parser = commands.add_parser(
+        "trainers", help="what the live nodes can run: trainers with their params, scripts"
+    )
+    add_connection_arguments(parser)
+    parser.set_defaults(run=run_trainers)
+
+
+def run_trainers(args: argparse.Namespace) -> int:
+    with client_for(args) as api:
+        data = api.get("/trainers", "list trainers")
+    if args.json:
+        _print_json(data)
+    else:
+        print(render.trainers_table(TrainersPublic.model_validate(data)))
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from typing import TextIO
@@ -18,7 +19,30 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("job spec (README, 'The job spec')")
     group.add_argument("--name", help="a label for the job")
     group.add_argument(
-        "--trainer", default=defaults.trainer, help="a trainer the workers offer (ddpo nodes)"
+        "--trainer", default=defaults.trainer, help="a trainer the workers offer (ddpo trainers)"
+    )
+    group.add_argument(
+        "--param",
+        action="append",
+        type=_param,
+        default=[],
+        metavar="NAME=VALUE",
+        help="one of the trainer's params (repeatable; VALUE is read as JSON, else as a string)",
+    )
+    group.add_argument(
+        "--params", type=_json_object, default=None, metavar="JSON", help="the trainer's params"
+    )
+    group.add_argument(
+        "--script",
+        metavar="PATH",
+        help="run this torchrun-style script from the workers' --script-dir instead of a trainer",
+    )
+    group.add_argument(
+        "--script-args",
+        type=shlex.split,
+        default=[],
+        metavar="'ARGS'",
+        help="the script's arguments, as one shell-quoted string: --script-args '--epochs 3'",
     )
     group.add_argument(
         "--machines",
@@ -80,9 +104,18 @@ def _json_object(text: str) -> dict[str, object]:
     return value
 
 
+def _param(text: str) -> tuple[str, object]:
+    name, equals, raw = text.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    try:
+        return name, json.loads(raw)
+    except json.JSONDecodeError:
+        return name, raw
+
+
 def spec_from_args(args: argparse.Namespace) -> dict[str, object]:
     spec: dict[str, object] = {
-        "trainer": args.trainer,
         "topology": {"num_machines": args.machines, "num_processes": args.processes},
         "backend": args.backend,
         "batch_size": args.batch_size,
@@ -91,6 +124,13 @@ def spec_from_args(args: argparse.Namespace) -> dict[str, object]:
         "seed": args.seed,
         "max_restarts": args.max_restarts,
     }
+    if args.script is not None:
+        spec["script"] = {"path": args.script, "args": args.script_args}
+    else:
+        spec["trainer"] = args.trainer
+    params = {**(args.params or {}), **dict(args.param)}
+    if params:
+        spec["params"] = params
     if args.name:
         spec["name"] = args.name
     if args.max_steps_per_epoch is not None:

@@ -4,11 +4,13 @@ the server's strings shown safe (cli/terminal.py)."""
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import ParamSpec
 
 from api.schemas import JobPublic, JobsPublic, NodesPublic, StudyPublic
+from api.schemas.public import TrainersPublic
 from cli.terminal import shown
 
 P = ParamSpec("P")
@@ -98,6 +100,31 @@ def nodes_table(nodes: NodesPublic) -> str:
         )
     if nodes.count > len(nodes.data):
         lines.append(f"({len(nodes.data)} of {nodes.count})")
+    return "\n".join(lines)
+
+
+@_for_terminal
+def trainers_table(offered: TrainersPublic) -> str:
+    lines = [f"{'trainer':<20} {'version':<10} params (default)  nodes"]
+    for trainer in offered.trainers:
+        schema = trainer.params_schema
+        if schema is None:
+            params = "(not declared)"
+        else:
+            fields = schema.get("properties", {})
+            params = (
+                ", ".join(
+                    f"{name}={json.dumps(field['default'])}" if "default" in field else name
+                    for name, field in fields.items()
+                )
+                or "none"
+            )
+        lines.append(
+            f"{trainer.name:<20} {trainer.version:<10} {params}  {', '.join(trainer.nodes)}"
+        )
+    if offered.scripts:
+        lines += ["", f"{'script':<31} {'sha256':<12}  nodes"]
+        lines += [f"{s.path:<31} {s.sha256[:12]}  {', '.join(s.nodes)}" for s in offered.scripts]
     return "\n".join(lines)
 
 

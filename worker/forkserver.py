@@ -49,9 +49,8 @@ def serve(data_dir: Path, extra_trainers: dict[str, str]) -> int:
     die_with_parent(os.getppid(), signal.SIGTERM)
     from worker import launcher, trainers
 
-    launcher.preload(data_dir)
-    # Loading every trainer to describe it preloads them for the launchers too.
-    _say(f"offers {trainers.offers_json(trainers.describe(extra_trainers))}")
+    offers = launcher.preload(data_dir, extra_trainers)
+    _say(f"offers {trainers.offers_json(offers)}")
     wake_read, wake_write = os.pipe()
     for fd in (wake_read, wake_write):
         os.set_blocking(fd, False)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from api.failures import FailureReason
+from api.schemas.protocol import TrainerOffer
 from worker import runfiles, trainers
 from worker._process import die_with_parent, keep_freed_memory
 from worker.local_allreduce import LocalGroup
@@ -226,17 +227,18 @@ def run(run_dir: Path, parent_pid: int | None = None) -> int:
     return 0 if outcome.status == "succeeded" else 1
 
 
-def preload(data_dir: Path) -> None:
+def preload(data_dir: Path, extra_trainers: dict[str, str]) -> list[TrainerOffer]:
     """What the fork server does once for every launch: the imports (torch,
-    the ranks, the built-in trainers) and the trainers' ``warm`` (the data
-    they read, then shared by every process forked from it)."""
+    the ranks, every trainer) and the trainers' ``warm`` (the data they
+    read, then shared by every process forked from it). What the trainers
+    are, described for the node's registration."""
     import torch.distributed
     import torch.multiprocessing  # noqa: F401
 
     import worker.rank  # noqa: F401
 
     with _no_thread_pool():
-        trainers.preload(data_dir)
+        return trainers.preload(data_dir, extra_trainers)
 
 
 def run_attached(run_dir: Path, parent_pid: int) -> int:

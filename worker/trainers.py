@@ -95,24 +95,30 @@ def resolve(name: str, extra: dict[str, str]) -> Trainer:
     return trainer
 
 
-def preload(data_dir: Path) -> None:
-    """Import the built-in trainers (and with them torch) and warm them."""
-    for name in BUILTIN:
-        trainer = resolve(name, {})
-        if trainer.warm is not None:
-            trainer.warm(data_dir)
+def load_all(extra: dict[str, str]) -> dict[str, Trainer]:
+    """Every trainer this node can load, by name; one that fails to import
+    is left out (and said why), never offered."""
+    loaded = {}
+    for name in sorted(available(extra)):
+        try:
+            loaded[name] = resolve(name, extra)
+        except Exception:
+            log.error("trainer %r is not offered, it does not load:\n%s", name, format_exc())
+    return loaded
 
 
 def describe(extra: dict[str, str]) -> list[TrainerOffer]:
-    """Every trainer this node can load, with its schema; one that fails to
-    import is left out (and said why), never offered."""
-    offers = []
-    for name in sorted(available(extra)):
-        try:
-            offers.append(resolve(name, extra).offer(name))
-        except Exception:
-            log.error("trainer %r is not offered, it does not load:\n%s", name, format_exc())
-    return offers
+    return [trainer.offer(name) for name, trainer in load_all(extra).items()]
+
+
+def preload(data_dir: Path, extra: dict[str, str]) -> list[TrainerOffer]:
+    """Import every trainer (and with them torch) and warm them: what the
+    fork server does once for all its launchers. What it loaded, described."""
+    loaded = load_all(extra)
+    for trainer in loaded.values():
+        if trainer.warm is not None:
+            trainer.warm(data_dir)
+    return [trainer.offer(name) for name, trainer in loaded.items()]
 
 
 def offers_json(offers: list[TrainerOffer]) -> str:

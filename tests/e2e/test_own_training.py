@@ -12,6 +12,7 @@ import psutil
 
 from cli.cluster import LocalCluster
 from tests.e2e.conftest import Jobs, rank_processes, until
+from tests.e2e.test_cli import ddpo
 
 
 def test_a_script_runs_as_a_1x2_job_with_torchruns_environment_and_its_reports(
@@ -109,3 +110,31 @@ def _rank(process: psutil.Process) -> str | None:
         return process.environ().get("RANK")
     except psutil.Error:
         return None
+
+
+def test_the_cli_lists_what_nodes_offer_and_submits_scripts_and_params(
+    cluster: LocalCluster,
+) -> None:
+    listed = ddpo(cluster, "trainers")
+    assert listed.returncode == 0, listed.stderr
+    (charlm,) = [line for line in listed.stdout.splitlines() if line.startswith("charlm ")]
+    assert "0.2.0" in charlm and "context=8" in charlm and "node-0, node-1" in charlm
+    assert any(line.startswith("torchrun_mlp.py ") for line in listed.stdout.splitlines())
+
+    refused = ddpo(cluster, "submit", "--trainer", "charlm", "--param", "context=0")
+    assert refused.returncode == 1
+    assert "params.context: 0 is less than the minimum of 1" in refused.stderr
+
+    done = ddpo(
+        cluster,
+        "submit",
+        "--wait",
+        "--processes",
+        "2",
+        "--script",
+        "torchrun_mlp.py",
+        "--script-args",
+        "--epochs 1 --steps-per-epoch 10",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "succeeded" in done.stdout

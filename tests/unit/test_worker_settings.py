@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from worker.__main__ import parse_settings
 
 
@@ -23,3 +25,12 @@ def test_address_interface_and_cpus_come_from_flags() -> None:
     settings = parse_settings(["--address", "10.0.0.2", "--interface", "eth1", "--cpus", "3"])
     assert (settings.address, settings.interface, settings.cpus) == ("10.0.0.2", "eth1", 3)
     assert parse_settings([]).address is None  # the route to the server decides
+
+
+def test_the_script_directory_comes_from_the_flag_or_ddpo_script_dir(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert parse_settings([]).script_dir is None  # no scripts unless the operator says so
+    monkeypatch.setenv("DDPO_SCRIPT_DIR", "/srv/scripts")
+    assert parse_settings([]).script_dir == Path("/srv/scripts")
+    assert parse_settings(["--script-dir", "/opt/jobs"]).script_dir == Path("/opt/jobs")
