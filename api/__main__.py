@@ -7,6 +7,7 @@ import atexit
 import ipaddress
 import logging
 import os
+import sys
 from pathlib import Path
 
 import uvicorn
@@ -18,6 +19,8 @@ from api.main import create_app
 from api.memory import give_large_blocks_back
 from api.serving import allow_open_files, uvicorn_options
 from api.settings import ServerSettings
+from db import migrate
+from db.engine import Database
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
         "admin and a join token on its first start and keeps them beside its database "
         "(DDPO_TOKEN_FILE), where ddpo and workers on this host find them; DDPO_NO_AUTH=1 "
         "serves loopback without tokens instead. DDPO_CORS_ORIGINS opens the API "
-        "to pages of other origins; DDPO_MAX_BODY_KB caps request bodies.",
+        "to pages of other origins; DDPO_MAX_BODY_KB caps request bodies. "
+        "`ddpo-server db upgrade` brings an older database's schema up to date.",
     )
     parser.add_argument("--host", help="address to bind [DDPO_HOST, default 127.0.0.1]")
     parser.add_argument("--port", type=int, help="port to bind [DDPO_PORT, default 8000]")
@@ -49,7 +53,54 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def build_db_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddpo-server db",
+        description="The database's schema. A server refuses a database whose schema is "
+        "behind its own; `upgrade` brings it up to date, keeping every row (back it up "
+        "first). Stop every server using it before you upgrade.",
+    )
+    parser.add_argument("action", choices=["upgrade", "current"])
+    parser.add_argument(
+        "--database-url", help="SQLAlchemy URL [DATABASE_URL, default sqlite:///./ddpo.db]"
+    )
+    return parser
+
+
+def db_main(argv: list[str]) -> None:
+    parser = build_db_parser()
+    args = parser.parse_args(argv)
+    overrides = {"database_url": args.database_url} if args.database_url else {}
+    url = ServerSettings(**overrides).database_url
+    database = Database(url)
+    try:
+        if args.action == "current":
+            print(f"{migrate.current(database.engine) or 'empty'} (this release: {migrate.head()})")
+            return
+        was, now = migrate.upgrade(database.engine)
+        said = "already at" if was == now else f"upgraded from {was or 'empty'} to"
+        print(f"{_redacted(url)}: {said} revision {now}")
+    finally:
+        database.dispose()
+
+
+def refuse_a_schema_behind(settings: ServerSettings, parser: argparse.ArgumentParser) -> None:
+    """Before serving: a database this release cannot use stops the server
+    with what to do, not with errors on every request."""
+    database = Database(settings.database_url)
+    try:
+        migrate.prepare(database.engine)
+    except migrate.SchemaMismatch as exc:
+        parser.exit(2, f"ddpo-server: {_redacted(settings.database_url)}: {exc}\n")
+    finally:
+        database.dispose()
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["db"]:
+        db_main(argv[1:])
+        return
     parser = build_parser()
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if v is not None}
@@ -62,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    refuse_a_schema_behind(settings, parser)
     settings, announced = _tokens(settings, parser)
     if settings.nice:
         os.nice(settings.nice)
@@ -140,6 +192,10 @@ def default_token_file(database_url: str) -> Path:
         where = Path(database).expanduser().resolve()
         return where.with_name(f"{where.stem}-tokens.env")
     return Path("ddpo-tokens.env").resolve()
+
+
+def _redacted(url: str) -> str:
+    return make_url(url).render_as_string(hide_password=True)
 
 
 def local_url(settings: ServerSettings) -> str:

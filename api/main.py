@@ -62,7 +62,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        db.create_all()
+        db.prepare_schema()
         with db.read() as session:
             core.credentials.load(queries.node_credentials(session=session))
         notifier.bind(asyncio.get_running_loop())

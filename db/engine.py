@@ -10,9 +10,9 @@ from typing import Any
 
 from sqlalchemy import Engine, event
 from sqlalchemy.engine import make_url
-from sqlmodel import Session, SQLModel, create_engine
+from sqlmodel import Session, create_engine
 
-from db import models  # noqa: F401  (registers the tables on SQLModel.metadata)
+from db import migrate, models  # noqa: F401  (models registers the tables)
 
 # A writer waits this long for SQLite's single write lock before giving up.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -39,8 +39,10 @@ class Database:
         self.engine = _make_engine(url, self.is_sqlite)
         self._write_engine = self.engine.execution_options(ddpo_begin="IMMEDIATE")
 
-    def create_all(self) -> None:
-        SQLModel.metadata.create_all(self.engine)
+    def prepare_schema(self) -> None:
+        """The whole schema for an empty database; SchemaMismatch for one
+        this release cannot use (db/migrate.py)."""
+        migrate.prepare(self.engine)
 
     def after_commit(self, callback: Callable[[Sequence[object]], None]) -> None:
         """Call ``callback`` with the rows a write transaction added, changed

@@ -37,7 +37,7 @@ HEARTBEAT_TIMEOUT_S = 0.3
 @pytest.fixture
 def core(tmp_path: Path) -> Iterator[Core]:
     db = Database(f"sqlite:///{tmp_path / 'core.db'}")
-    db.create_all()
+    db.prepare_schema()
     settings = ServerSettings(
         database_url=db.url,
         artifacts_dir=tmp_path / "artifacts",
