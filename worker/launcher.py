@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import signal
 import sys
 import traceback
@@ -183,8 +184,9 @@ def _run_ranks(config: runfiles.LaunchConfig, local_group: LocalGroup | None) ->
         while not ranks.join():
             pass
     except mp.ProcessRaisedException as exc:
-        rank = assignment.rank_of(exc.error_index)
-        reason = classify(exc.msg)
+        index, text = _the_cause(ranks, exc.error_index, exc.msg)
+        rank = assignment.rank_of(index)
+        reason = classify(text)
         what = {
             FailureReason.PEER_FAILURE: "lost a peer",
             FailureReason.RENDEZVOUS_FAILED: "could not rendezvous",
@@ -195,7 +197,7 @@ def _run_ranks(config: runfiles.LaunchConfig, local_group: LocalGroup | None) ->
             message=f"rank {rank} (machine {assignment.machine_id}) {what}",
             failing_rank=rank,
             exit_code=1,
-            traceback_tail=_tail(exc.msg),
+            traceback_tail=_tail(text),
         )
     except mp.ProcessExitedException as exc:
         rank = assignment.rank_of(exc.error_index)
@@ -213,6 +215,22 @@ def _run_ranks(config: runfiles.LaunchConfig, local_group: LocalGroup | None) ->
         )
     del store
     return runfiles.Outcome(status="succeeded", exit_code=0)
+
+
+def _the_cause(ranks: Any, first: int, text: str) -> tuple[int, str]:
+    """The rank whose failure the part reports: the first to fail, unless it
+    only lost a peer and another rank of this machine raised by itself (its
+    sockets closed before its process was gone, so it was noticed later)."""
+    if classify(text) is not FailureReason.PEER_FAILURE:
+        return first, text
+    for index, error_file in enumerate(ranks.error_files):
+        if index == first or not os.access(error_file, os.R_OK):
+            continue
+        with open(error_file, "rb") as f:
+            other = pickle.load(f)  # written by torch's own wrapper in that rank
+        if isinstance(other, str) and classify(other) is not FailureReason.PEER_FAILURE:
+            return index, other
+    return first, text
 
 
 def run(run_dir: Path, parent_pid: int | None = None) -> int:

@@ -26,6 +26,8 @@ from worker import launcher, network, rank, runfiles, scripts
 # because another failed has to exit before SIGKILL.
 POLL_S = 0.05
 STOP_GRACE_S = 5.0
+# How long a rank that lost a peer waits for the peer's own failure.
+CAUSE_GRACE_S = 3.0
 
 
 def run(config: runfiles.LaunchConfig) -> runfiles.Outcome:
@@ -132,16 +134,27 @@ def _start(
 def _supervise(
     config: runfiles.LaunchConfig, ranks: list[subprocess.Popen[bytes]]
 ) -> runfiles.Outcome:
-    """Wait for every rank; the first to fail ends the part (a rank that
-    only saw a peer go away yields to one that failed by itself)."""
+    """Wait for every rank; the first to fail ends the part. A rank that
+    only saw a peer go away yields to one that failed by itself: the peer
+    that raised may still be exiting (its sockets close before its process
+    is gone), so it is given CAUSE_GRACE_S to show up."""
+    symptom_at: float | None = None
     while True:
         codes = [process.poll() for process in ranks]
-        failed = [(index, code) for index, code in enumerate(codes) if code not in (None, 0)]
-        if failed:
-            outcomes = [_failure(config, index, code) for index, code in failed if code is not None]
-            causes = [o for o in outcomes if o.reason is not FailureReason.PEER_FAILURE]
-            return (causes or outcomes)[0]
-        if all(code == 0 for code in codes):
+        outcomes = [
+            _failure(config, index, code)
+            for index, code in enumerate(codes)
+            if code is not None and code != 0
+        ]
+        causes = [o for o in outcomes if o.reason is not FailureReason.PEER_FAILURE]
+        if causes:
+            return causes[0]
+        if outcomes:
+            symptom_at = symptom_at or time.monotonic()
+            still_running = any(code is None for code in codes)
+            if not still_running or time.monotonic() - symptom_at >= CAUSE_GRACE_S:
+                return outcomes[0]
+        elif all(code == 0 for code in codes):
             return runfiles.Outcome(status="succeeded", exit_code=0)
         time.sleep(POLL_S)
 

@@ -3,7 +3,10 @@ happened, and RELIABILITY.md's table agreeing with them."""
 
 from __future__ import annotations
 
+import pickle
 import re
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
@@ -90,3 +93,16 @@ def test_a_ranks_traceback_says_whether_it_failed_or_only_saw_a_peer_go(
     printed: str, reason: FailureReason
 ) -> None:
     assert launcher.classify(f"Traceback (most recent call last):\n{printed}") is reason
+
+
+def test_a_peer_failure_yields_to_a_rank_of_the_same_machine_that_raised(tmp_path: Path) -> None:
+    """torch's join names the first rank it saw exit; the one that raised
+    (its traceback in its error file) is the part's cause."""
+    files = [tmp_path / f"error-{i}" for i in range(3)]
+    files[0].write_bytes(pickle.dumps("RuntimeError: [pair.cc:534] Connection closed by peer"))
+    files[2].write_bytes(pickle.dumps("Traceback (most recent call last):\nValueError: rank 2"))
+    ranks = SimpleNamespace(error_files=[str(f) for f in files])
+    index, text = launcher._the_cause(ranks, 0, "RuntimeError: Connection closed by peer")
+    assert index == 2 and "ValueError: rank 2" in text
+    # A first failure that names its own cause stays the cause.
+    assert launcher._the_cause(ranks, 1, "ValueError: mine")[0] == 1

@@ -170,3 +170,35 @@ def test_each_script_process_gets_the_environment_torchrun_gives(tmp_path: Path)
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         "OMP_NUM_THREADS": "2",
     }
+
+
+def test_a_rank_that_only_lost_its_peer_yields_to_the_peer_that_raised(tmp_path: Path) -> None:
+    """The rank that raised closes its sockets before its process is gone:
+    the one waiting on it may exit first. The part still names the cause."""
+    config = runfiles.LaunchConfig(
+        assignment=Assignment(
+            part_id=1,
+            job_id=1,
+            attempt_id=1,
+            machine_id=0,
+            spec=JobSpec(script=ScriptRef(path="t.py"), topology={"num_processes": 2}),
+            master_addr="127.0.0.1",
+        ),
+        run_dir=tmp_path,
+        data_dir=tmp_path,
+        process_group_timeout_s=30,
+        parent_pid=os.getpid(),
+    )
+    said = {
+        0: "print('RuntimeError: [pair.cc:534] Connection closed by peer'); raise SystemExit(1)",
+        1: "import time; time.sleep(0.5); raise ValueError('shard 1 has no labels')",
+    }
+    ranks = []
+    for rank, code in said.items():
+        with open(runfiles.rank_log(tmp_path, rank), "wb") as log:
+            ranks.append(
+                subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
+            )
+    outcome = script_launch._supervise(config, ranks)
+    assert (outcome.reason, outcome.failing_rank, outcome.exit_code) == ("rank_failed", 1, 1)
+    assert "ValueError: shard 1 has no labels" in (outcome.traceback_tail or "")
