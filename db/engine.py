@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, event, text
 from sqlalchemy.engine import make_url
 from sqlmodel import Session, create_engine
 
@@ -16,6 +16,9 @@ from db import migrate, models  # noqa: F401  (models registers the tables)
 
 # A writer waits this long for SQLite's single write lock before giving up.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# PostgreSQL: the advisory lock every write transaction takes first, the
+# same one for every server on the database (see Database.write).
+WRITE_LOCK_KEY = 0x6464706F  # "ddpo"
 
 
 class Database:
@@ -38,6 +41,12 @@ class Database:
         self.is_sqlite = make_url(url).get_backend_name() == "sqlite"
         self.engine = _make_engine(url, self.is_sqlite)
         self._write_engine = self.engine.execution_options(ddpo_begin="IMMEDIATE")
+        # PostgreSQL: a read session sees one snapshot, as SQLite's WAL gives.
+        self._read_engine = (
+            self.engine
+            if self.is_sqlite
+            else self.engine.execution_options(isolation_level="REPEATABLE READ")
+        )
 
     def prepare_schema(self) -> None:
         """The whole schema for an empty database; SchemaMismatch for one
@@ -52,7 +61,7 @@ class Database:
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        with Session(self.engine, expire_on_commit=False) as session:
+        with Session(self._read_engine, expire_on_commit=False) as session:
             yield session
 
     @contextmanager
@@ -67,6 +76,13 @@ class Database:
 
             event.listen(session, "before_flush", note)
             with session.begin():
+                if not self.is_sqlite:
+                    # One writer at a time, across every server on the
+                    # database, as SQLite's BEGIN IMMEDIATE: a claim's read
+                    # and its write cannot be overtaken between them.
+                    session.execute(
+                        text("SELECT pg_advisory_xact_lock(:key)"), {"key": WRITE_LOCK_KEY}
+                    )
                 yield session
         with self._writes_lock:
             for table in {type(row) for row in rows}:

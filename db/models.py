@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Integer, UniqueConstraint
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
@@ -191,3 +191,13 @@ class LogRow(SQLModel, table=True):
     offset: int
     text: str
     at: datetime = Field(sa_type=UTCDateTime)
+
+
+# Every integer column holds 64 bits: SQLite's INTEGER does; PostgreSQL's is
+# 32, so there it is BIGINT (the wire schemas allow up to DB_INT_MAX). SQLite
+# keeps INTEGER: its primary keys must be exactly that to be the row id.
+WIDE_INTEGER = Integer().with_variant(BigInteger(), "postgresql")
+for _table in SQLModel.metadata.tables.values():
+    for _column in _table.columns:
+        if type(_column.type) is Integer:
+            _column.type = WIDE_INTEGER

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,15 @@ MNIST_FILES = (
     "t10k-images-idx3-ubyte",
     "t10k-labels-idx1-ubyte",
 )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_test_databases() -> Iterator[None]:
+    """The PostgreSQL databases the session's tests made go with it."""
+    yield
+    from tests.databases import drop_made
+
+    drop_made()
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """A real uvicorn server on a free loopback port, in a thread of the test
-process, over a real SQLite file; tests speak HTTP to it."""
+process, over a real database (a SQLite file; PostgreSQL in CI's PostgreSQL
+lane, tests/databases.py); tests speak HTTP to it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from api.main import create_app
 from api.serving import uvicorn_options
 from api.settings import ServerSettings
 from cli.cluster import free_port
+from tests.databases import fresh_database_url
 
 
 class ThreadedServer:
@@ -54,7 +56,7 @@ def make_settings(tmp_path: Path, **overrides: Any) -> ServerSettings:
     return ServerSettings(
         host="127.0.0.1",
         port=free_port(),
-        database_url=f"sqlite:///{tmp_path / 'ddpo.db'}",
+        database_url=fresh_database_url(tmp_path),
         **overrides,
     )
 

@@ -3,10 +3,9 @@ jobs, nodes and claims is what the database holds."""
 
 from __future__ import annotations
 
-import sqlite3
-
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import create_engine, text
 
 from tests.api.conftest import ProtocolNode, ThreadedServer
 
@@ -31,15 +30,16 @@ def test_job_node_and_claim_counts_match_the_database(
     assert len(started) == 2
     client.post(f"/jobs/{ids[-1]}/cancel").raise_for_status()  # one queued one cancelled
     # One node goes silent and is declared lost by hand, as the sweep would.
-    path = server.settings.database_url.removeprefix("sqlite:///")
-    with sqlite3.connect(path) as db:
-        db.execute("UPDATE node SET state = 'lost' WHERE name = 'b'")
+    engine = create_engine(server.settings.database_url)
+    with engine.begin() as db:
+        db.execute(text("UPDATE node SET state = 'lost' WHERE name = 'b'"))
 
     metrics = scrape(client)
-    with sqlite3.connect(path) as db:
-        jobs = dict(db.execute("SELECT status, COUNT(*) FROM job GROUP BY status").fetchall())
-        nodes = dict(db.execute("SELECT state, COUNT(*) FROM node GROUP BY state").fetchall())
-        parts = db.execute("SELECT COUNT(*) FROM part").fetchone()[0]
+    with engine.connect() as db:
+        jobs = dict(db.execute(text("SELECT status, COUNT(*) FROM job GROUP BY status")).all())
+        nodes = dict(db.execute(text("SELECT state, COUNT(*) FROM node GROUP BY state")).all())
+        parts = db.execute(text("SELECT COUNT(*) FROM part")).scalar_one()
+    engine.dispose()
     assert jobs == {"queued": 2, "running": 2, "cancelled": 1}
     for status in ("queued", "running", "succeeded", "failed", "cancelling", "cancelled"):
         assert metrics[("ddpo_jobs", (("state", status),))] == jobs.get(status, 0)

@@ -30,13 +30,14 @@ from api.settings import ServerSettings
 from api.views import read_job
 from db import queries
 from db.engine import Database
+from tests.databases import fresh_database_url
 
 HEARTBEAT_TIMEOUT_S = 0.3
 
 
 @pytest.fixture
 def core(tmp_path: Path) -> Iterator[Core]:
-    db = Database(f"sqlite:///{tmp_path / 'core.db'}")
+    db = Database(fresh_database_url(tmp_path, "core"))
     db.prepare_schema()
     settings = ServerSettings(
         database_url=db.url,

@@ -12,6 +12,9 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+# 64 bits, as in 0001.
+INTEGER = sa.Integer().with_variant(sa.BigInteger(), "postgresql")
+
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
@@ -35,10 +38,23 @@ def upgrade() -> None:
     for node_id, names in bind.execute(sa.select(node.c.id, node.c.trainers)).all():
         offers = [{"name": name, "version": "0", "params_schema": None} for name in names or []]
         bind.execute(node.update().where(node.c.id == node_id).values(trainer_offers=offers))
-    op.add_column("job", sa.Column("progress_step", sa.Integer(), nullable=True))
-    op.add_column("job", sa.Column("progress_epochs", sa.Integer(), nullable=True))
+    op.add_column(
+        "job",
+        sa.Column("progress_step", INTEGER, nullable=True),
+    )
+    op.add_column(
+        "job",
+        sa.Column(
+            "progress_epochs",
+            sa.Integer().with_variant(sa.BigInteger(), "postgresql"),
+            nullable=True,
+        ),
+    )
     op.add_column("job", sa.Column("progress_metrics", sa.JSON(), nullable=True))
-    op.add_column("progress", sa.Column("step", sa.Integer(), nullable=True))
+    op.add_column(
+        "progress",
+        sa.Column("step", INTEGER, nullable=True),
+    )
     op.add_column("progress", sa.Column("metrics", sa.JSON(), nullable=True))
 
 
