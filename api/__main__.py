@@ -113,11 +113,13 @@ def main(argv: list[str] | None = None) -> None:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # Before the schema check (the first large allocations): glibc's
+    # threshold is fixed from the start (api/memory.py).
+    give_large_blocks_back()
     refuse_a_schema_behind(settings, parser)
     settings, announced = _tokens(settings, parser)
     if settings.nice:
         os.nice(settings.nice)
-    give_large_blocks_back()
     allow_open_files(settings.max_connections)
     if announced is not None:
         announce(local_url(settings), announced)

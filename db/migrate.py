@@ -1,21 +1,39 @@
-"""The schema's version: a new database gets every revision; a server
-refuses one whose schema is behind (``ddpo-server db upgrade`` brings it up
-to date, keeping every row); a database made before migrations existed has
-the base revision's schema (db/migrations/versions/0001_base.py)."""
+"""The schema's version: a new database gets the whole schema, stamped with
+this release's revision; a server refuses one whose schema is behind
+(``ddpo-server db upgrade`` brings it up to date, keeping every row); a
+database made before migrations existed has the base revision's schema
+(db/migrations/versions/0001_base.py).
+
+Serving never imports Alembic (tests/e2e/test_memory.py saw a server that
+had imported it keep 20 MB after a burst of large answers): the revision is
+read with plain SQL, and only an upgrade loads Alembic.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Column, Engine, MetaData, PrimaryKeyConstraint, String, Table, inspect
+from sqlalchemy import select as sa_select
+from sqlmodel import SQLModel
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 BASE = "0001"
+# This release's revision: the newest in migrations/versions (a test checks).
+HEAD = "0002"
 UPGRADE_COMMAND = "ddpo-server db upgrade"
+
+# Alembic's own table, as Alembic makes it.
+_version = Table(
+    "alembic_version",
+    MetaData(),
+    Column("version_num", String(32), nullable=False),
+    PrimaryKeyConstraint("version_num", name="alembic_version_pkc"),
+)
 
 
 class SchemaMismatch(RuntimeError):
@@ -23,12 +41,17 @@ class SchemaMismatch(RuntimeError):
 
 
 def _config() -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     return config
 
 
 def head() -> str:
+    """The newest revision, as Alembic reads the migrations."""
+    from alembic.script import ScriptDirectory
+
     revision = ScriptDirectory.from_config(_config()).get_current_head()
     assert revision is not None
     return revision
@@ -38,15 +61,20 @@ def current(engine: Engine) -> str | None:
     """The database's revision; None for an empty database. One with tables
     but no revision was made before migrations: the base's."""
     with engine.connect() as connection:
-        revision = MigrationContext.configure(connection).get_current_revision()
-        if revision is None and inspect(connection).has_table("job"):
-            return BASE
-        return revision
+        tables = inspect(connection)
+        if tables.has_table(_version.name):
+            revision = connection.execute(sa_select(_version.c.version_num)).scalar()
+            if revision is not None:
+                return str(revision)
+        return BASE if tables.has_table("job") else None
 
 
 def upgrade(engine: Engine, to: str = "head") -> tuple[str | None, str]:
-    """Bring the schema to this release's (or to revision ``to``): the
-    revision it was at, and the one it is at now."""
+    """Bring the schema to this release's (or to revision ``to``) with
+    Alembic: the revision it was at, and the one it is at now."""
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+
     was = current(engine)
     with engine.begin() as connection:
         config = _config()
@@ -58,23 +86,32 @@ def upgrade(engine: Engine, to: str = "head") -> tuple[str | None, str]:
 
 
 def prepare(engine: Engine) -> None:
-    """An empty database gets the whole schema; one at this release's
-    revision is used as it is; any other is refused, with what to do."""
+    """An empty database gets the whole schema (the tables as the models
+    say, which a test holds equal to what the migrations make, stamped with
+    this release's revision); one at this release's revision is used as it
+    is; any other is refused, with what to do."""
     revision = current(engine)
     if revision is None:
-        upgrade(engine)
+        with engine.begin() as connection:
+            SQLModel.metadata.create_all(connection)
+            _version.create(connection)
+            connection.execute(_version.insert().values(version_num=HEAD))
         return
-    wanted = head()
-    if revision == wanted:
+    if revision == HEAD:
         return
-    known = {script.revision for script in ScriptDirectory.from_config(_config()).walk_revisions()}
-    if revision not in known:
+    if revision not in _known():
         raise SchemaMismatch(
             f"the database's schema is at revision {revision}, which this release of ddpo "
-            f"does not know (it needs {wanted}): a newer ddpo-server made it; run that one"
+            f"does not know (it needs {HEAD}): a newer ddpo-server made it; run that one"
         )
     raise SchemaMismatch(
-        f"the database's schema is at revision {revision} and this release needs {wanted}: "
+        f"the database's schema is at revision {revision} and this release needs {HEAD}: "
         f"back the database up, then run `{UPGRADE_COMMAND}` (with the same DATABASE_URL); "
         "every job, attempt, log line, checkpoint record and node credential is kept"
     )
+
+
+def _known() -> set[str]:
+    from alembic.script import ScriptDirectory
+
+    return {s.revision for s in ScriptDirectory.from_config(_config()).walk_revisions()}

@@ -140,14 +140,22 @@ def old_rows(url: str) -> None:
     engine.dispose()
 
 
-def test_a_new_database_gets_exactly_the_tables_the_models_describe(tmp_path: Path) -> None:
-    database = Database(fresh_database_url(tmp_path, "new"))
-    database.prepare_schema()
-    assert migrate.current(database.engine) == migrate.head()
-    with database.engine.connect() as connection:
-        assert compare_metadata(MigrationContext.configure(connection), SQLModel.metadata) == []
-    database.prepare_schema()  # at its revision: used as it is
-    database.dispose()
+def test_the_migrations_make_exactly_the_tables_a_new_database_gets(tmp_path: Path) -> None:
+    """A new database is made from the models and stamped with the newest
+    revision; the migrations, run from empty, make the very same schema."""
+    assert migrate.head() == migrate.HEAD
+    migrated = Database(fresh_database_url(tmp_path, "migrated"))
+    assert migrate.upgrade(migrated.engine) == (None, migrate.HEAD)
+    made = Database(fresh_database_url(tmp_path, "made"))
+    made.prepare_schema()
+    for database in (migrated, made):
+        assert migrate.current(database.engine) == migrate.HEAD
+        with database.engine.connect() as connection:
+            context = MigrationContext.configure(connection)
+            assert compare_metadata(context, SQLModel.metadata) == []
+            assert context.get_current_revision() == migrate.HEAD  # Alembic reads it too
+        database.prepare_schema()  # at its revision: used as it is
+        database.dispose()
 
 
 def server_command(*args: str) -> subprocess.CompletedProcess[str]:
