@@ -56,12 +56,12 @@ def offered(session: Session) -> TrainersPublic:
     return TrainersPublic(
         trainers=[
             TrainerPublic(
-                name=v.name, version=v.version, params_schema=v.params_schema, nodes=v.nodes
+                name=v.name, version=v.version, params_schema=v.params_schema, nodes=sorted(v.nodes)
             )
             for v in _trainer_variants(session)
         ],
         scripts=[
-            ScriptPublic(path=path, sha256=sha256, nodes=nodes)
+            ScriptPublic(path=path, sha256=sha256, nodes=sorted(nodes))
             for (path, sha256), nodes in sorted(_script_hashes(session).items())
         ],
     )

@@ -185,13 +185,13 @@ class TrainerPublic(BaseModel):
     params_schema: dict[str, Any] | None = Field(
         description="JSON schema of its `params`; null: it declares none"
     )
-    nodes: list[str] = Field(description="Live nodes that offer it")
+    nodes: list[str] = Field(description="Live nodes that offer it, by name")
 
 
 class ScriptPublic(BaseModel):
     path: str = Field(description="Relative to the nodes' --script-dir")
     sha256: str
-    nodes: list[str] = Field(description="Live nodes that have this content at this path")
+    nodes: list[str] = Field(description="Live nodes that have this content at this path, by name")
 
 
 class TrainersPublic(BaseModel):
