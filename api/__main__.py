@@ -15,7 +15,7 @@ from pydantic import SecretStr, ValidationError
 from sqlalchemy.engine import make_url
 
 from api.local_tokens import announce, load_or_make, withdraw
-from api.main import create_app
+from api.main import create_app, redacted
 from api.memory import give_large_blocks_back
 from api.serving import allow_open_files, uvicorn_options
 from api.settings import ServerSettings
@@ -79,7 +79,7 @@ def db_main(argv: list[str]) -> None:
             return
         was, now = migrate.upgrade(database.engine)
         said = "already at" if was == now else f"upgraded from {was or 'empty'} to"
-        print(f"{_redacted(url)}: {said} revision {now}")
+        print(f"{redacted(url)}: {said} revision {now}")
     finally:
         database.dispose()
 
@@ -91,7 +91,7 @@ def refuse_a_schema_behind(settings: ServerSettings, parser: argparse.ArgumentPa
     try:
         migrate.prepare(database.engine)
     except migrate.SchemaMismatch as exc:
-        parser.exit(2, f"ddpo-server: {_redacted(settings.database_url)}: {exc}\n")
+        parser.exit(2, f"ddpo-server: {redacted(settings.database_url)}: {exc}\n")
     finally:
         database.dispose()
 
@@ -194,10 +194,6 @@ def default_token_file(database_url: str) -> Path:
         where = Path(database).expanduser().resolve()
         return where.with_name(f"{where.stem}-tokens.env")
     return Path("ddpo-tokens.env").resolve()
-
-
-def _redacted(url: str) -> str:
-    return make_url(url).render_as_string(hide_password=True)
 
 
 def local_url(settings: ServerSettings) -> str:

@@ -67,7 +67,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             core.credentials.load(queries.node_credentials(session=session))
         notifier.bind(asyncio.get_running_loop())
         sweeper = asyncio.create_task(_sweep_forever(core, instruments.tick, read_cache))
-        log.info("serving with database %s", _redacted(settings.database_url))
+        log.info("serving with database %s", redacted(settings.database_url))
         try:
             yield
         finally:
@@ -273,7 +273,7 @@ async def _refused(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=exc.status, content={"detail": str(exc)}, headers=headers)
 
 
-def _redacted(url: str) -> str:
+def redacted(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).render_as_string(hide_password=True)
