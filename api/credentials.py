@@ -36,6 +36,14 @@ class NodeCredentials:
         with self._lock:
             self._node_by_digest = {hexdigest: node_id for node_id, hexdigest in pairs}
 
+    def reload(self, node_ids: list[int], pairs: list[tuple[int, str]]) -> None:
+        """These nodes' credentials are now ``pairs`` (a node not in them has none)."""
+        with self._lock:
+            for node_id in node_ids:
+                self._forget(node_id)
+            for node_id, hexdigest in pairs:
+                self._node_by_digest[hexdigest] = node_id
+
     def bind(self, node_id: int, hexdigest: str) -> None:
         """The node's credential is now this one (any older one stops working)."""
         with self._lock:

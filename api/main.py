@@ -45,6 +45,7 @@ from api.routes import (
 )
 from api.settings import ServerSettings
 from db import queries
+from db.changes import Change
 from db.engine import Database
 from db.models import Attempt, Part, utcnow
 
@@ -53,19 +54,22 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
     settings = settings or ServerSettings()
-    db = Database(settings.database_url)
+    db = Database(settings.database_url, wakes=_wakes_polls)
     notifier = Notifier()
     core = Core(db, settings)
     instruments = make_registry(db)
     read_cache = ReadCache(db)
-    db.after_commit(lambda rows: _wake_polls(notifier, rows))
+    db.after_commit(lambda rows: notifier.notify() if _wakes_polls(rows) else None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db.prepare_schema()
+        notifier.bind(asyncio.get_running_loop())
+        # Listening before the credentials are read: a revocation through
+        # another server after this is heard, one before it is read.
+        db.listen(lambda change: _heard(core, notifier, change))
         with db.read() as session:
             core.credentials.load(queries.node_credentials(session=session))
-        notifier.bind(asyncio.get_running_loop())
         sweeper = asyncio.create_task(_sweep_forever(core, instruments.tick, read_cache))
         log.info("serving with database %s", redacted(settings.database_url))
         try:
@@ -166,16 +170,30 @@ def _uploads(method: str, path: str) -> bool:
 STALL_S = 0.5
 
 
-def _wake_polls(notifier: Notifier, rows: Sequence[object]) -> None:
-    """Wake the long-polls once a write that they report has committed: a
-    part assigned, asked to stop or ended, an attempt's rendezvous port
-    known. (A part that just started running is news to no poll: with many
-    nodes polling, waking them all for each start would cost more than the
-    start.)"""
-    if any(
+def _wakes_polls(rows: Sequence[object]) -> bool:
+    """Whether a write is news the long-polls report (they are woken once it
+    has committed, on every server): a part assigned, asked to stop or
+    ended, an attempt's rendezvous port known. (A part that just started
+    running is news to no poll: with many nodes polling, waking them all
+    for each start would cost more than the start.)"""
+    return any(
         isinstance(row, Attempt) or (isinstance(row, Part) and row.status is not PartStatus.RUNNING)
         for row in rows
-    ):
+    )
+
+
+def _heard(core: Core, notifier: Notifier, change: Change) -> None:
+    """Another server on the database committed ``change``."""
+    if change.everything or change.nodes:
+        with core.db.read() as session:
+            if change.everything:
+                core.credentials.load(queries.node_credentials(session=session))
+            else:
+                nodes = list(change.nodes)
+                core.credentials.reload(
+                    nodes, queries.node_credentials(session=session, node_ids=nodes)
+                )
+    if change.wake:
         notifier.notify()
 
 
@@ -194,6 +212,9 @@ async def _sweep_forever(core: Core, duration: Histogram, cache: ReadCache) -> N
             log.warning("the server ran %.1f s late; not judging node liveness this time", late_s)
         try:
             cache.drop_expired()
+            # With several servers on one database, one sweeps at a time.
+            if not await run_in_threadpool(core.db.sweeps):
+                continue
             await run_in_threadpool(_timed_tick, core, judge_nodes, duration)
             if loop.time() - pruned_at >= settings.retention_interval_s:
                 pruned_at = loop.time()

@@ -199,7 +199,15 @@ class LocalCluster:
     # On test hosts: pass each worker its host's address (False: let it
     # find its own, from its route to the server).
     advertise_address: bool = True
+    # None: a SQLite file in the state directory. A PostgreSQL URL lets
+    # several servers (``replicas``) share the database; each listens on a
+    # port of its own, and worker i speaks to server i % replicas first,
+    # the others after it if that one cannot be reached.
+    database: str | None = None
+    replicas: int = 1
     server: ManagedProcess | None = None
+    replica_processes: list[ManagedProcess] = field(default_factory=list)
+    replica_ports: list[int] = field(default_factory=list)
     worker_processes: list[ManagedProcess] = field(default_factory=list)
     _lock: IO[str] | None = field(default=None, init=False, repr=False)
 
@@ -220,6 +228,20 @@ class LocalCluster:
     @property
     def database_path(self) -> Path:
         return self.state_dir / "ddpo.db"
+
+    @property
+    def database_url(self) -> str:
+        return self.database or f"sqlite:///{self.database_path}"
+
+    def replica_url(self, index: int) -> str:
+        return f"http://{self.server_address}:{self.replica_ports[index]}"
+
+    def server_urls_for(self, index: int) -> str:
+        """Worker ``index``'s --server: its own replica first, then the rest."""
+        if self.replicas == 1:
+            return self.url
+        order = [(index + k) % self.replicas for k in range(self.replicas)]
+        return ",".join(self.replica_url(i) for i in order)
 
     @property
     def tokens_file(self) -> Path:
@@ -264,6 +286,8 @@ class LocalCluster:
             self.tokens.write_env_file(self.tokens_file, self.url)
         try:
             self.start_server(timeout_s)
+            for _ in range(1, self.replicas):
+                self.start_replica(timeout_s)
             if self.server_makes_tokens:
                 self.tokens = ClusterTokens.made_by_server(self.state_dir / "ddpo-tokens.env")
             for index in range(self.workers):
@@ -274,9 +298,27 @@ class LocalCluster:
             raise
 
     def start_server(self, timeout_s: float = 60.0) -> ManagedProcess:
+        """The (first) server, on ``port``."""
+        self.server = self._start_api_server(self.port, "server", timeout_s)
+        if not self.replica_processes:
+            self.replica_processes.append(self.server)
+            self.replica_ports.append(self.port)
+        else:  # started again (after a kill)
+            self.replica_processes[0] = self.server
+        return self.server
+
+    def start_replica(self, timeout_s: float = 60.0) -> ManagedProcess:
+        """One more server on the same database, on a port of its own."""
+        port = DEFAULT_PORT + len(self.replica_ports) if self.hosts else free_port()
+        replica = self._start_api_server(port, f"server-{len(self.replica_ports)}", timeout_s)
+        self.replica_processes.append(replica)
+        self.replica_ports.append(port)
+        return replica
+
+    def _start_api_server(self, port: int, name: str, timeout_s: float) -> ManagedProcess:
         env = {
             **self.extra_env,
-            "DATABASE_URL": f"sqlite:///{self.database_path}",
+            "DATABASE_URL": self.database_url,
             # The server shares this host with the training it runs: it
             # yields the cores, so that being watched costs the training as
             # little as it can (BENCHMARKS.md, "50 dashboards").
@@ -286,21 +328,22 @@ class LocalCluster:
             **({} if self.secure else {"DDPO_NO_AUTH": "1"}),
             **self.server_env,
         }
-        self.server = _spawn(
-            "server",
-            ["-m", "api", "--host", self.server_address, "--port", str(self.port)],
-            self.state_dir / "server.log",
+        server = _spawn(
+            name,
+            ["-m", "api", "--host", self.server_address, "--port", str(port)],
+            self.state_dir / f"{name}.log",
             env,
             self.state_dir,
             on=self._on(SERVER_HOST),
         )
+        url = f"http://{self.server_address}:{port}"
         self._wait(
-            lambda: httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200,
+            lambda: httpx.get(f"{url}/healthz", timeout=2).status_code == 200,
             timeout_s,
-            "the server to answer /healthz",
-            self.server,
+            f"{name} to answer /healthz",
+            server,
         )
-        return self.server
+        return server
 
     def worker_placement(self, name: str) -> list[str]:
         """Where a worker says it is: loopback, or its test host's address
@@ -319,7 +362,7 @@ class LocalCluster:
                 "-m",
                 "worker",
                 "--server",
-                self.url,
+                self.server_urls_for(len(self.worker_processes)),
                 "--name",
                 name,
                 *self.worker_placement(name),
@@ -387,5 +430,5 @@ class LocalCluster:
                 worker.process.send_signal(signal.SIGTERM)
         for worker in self.worker_processes:
             worker.stop()
-        if self.server is not None:
-            self.server.stop()
+        for server in {id(s): s for s in (*self.replica_processes, self.server) if s}.values():
+            server.stop()

@@ -8,11 +8,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, event, text
+from sqlalchemy import Engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlmodel import Session, create_engine
 
-from db import migrate, models  # noqa: F401  (models registers the tables)
+from db import migrate, models
+from db.changes import CHANNEL, Change, Listener, SweepLease, new_origin
 
 # A writer waits this long for SQLite's single write lock before giving up.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -30,14 +31,23 @@ class Database:
     claim can never be overtaken between its read and its write.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, wakes: Callable[[Sequence[object]], bool] = bool) -> None:
+        """``wakes`` tells from the rows a write changed whether it is news
+        for long-polls (other servers hear it as :attr:`Change.wake`)."""
         self.url = url
-        # Committed write transactions that changed each table: a cached
-        # read of some tables taken before their counts moved may be stale
-        # (see api/read_cache.py).
-        self._writes: dict[type, int] = {}
+        self.origin = new_origin()  # this server, among those on the database
+        self._wakes = wakes
+        # Committed write transactions that changed each table (by name),
+        # here or on another server: a cached read of some tables taken
+        # before their counts moved may be stale (see api/read_cache.py).
+        # Missed changes (a listener that lost its connection) count as a
+        # write to every table.
+        self._writes: dict[str, int] = {}
+        self._everything = 0
         self._writes_lock = threading.Lock()
         self._after_commit: list[Callable[[Sequence[object]], None]] = []
+        self._listener: Listener | None = None
+        self._lease: SweepLease | None = None
         self.is_sqlite = make_url(url).get_backend_name() == "sqlite"
         self.engine = _make_engine(url, self.is_sqlite)
         self._write_engine = self.engine.execution_options(ddpo_begin="IMMEDIATE")
@@ -59,6 +69,34 @@ class Database:
         committed it)."""
         self._after_commit.append(callback)
 
+    def listen(self, heard: Callable[[Change], None]) -> None:
+        """Hear what other servers on this database commit: their writes
+        count as this one's (:meth:`writes_to`), then ``heard`` gets each
+        (from the listener's thread). Returns once listening. SQLite: no
+        other server shares the file; nothing to hear."""
+        if self.is_sqlite or self._listener is not None:
+            return
+
+        def counted(change: Change) -> None:
+            with self._writes_lock:
+                if change.everything:
+                    self._everything += 1
+                for table in change.tables:
+                    self._writes[table] = self._writes.get(table, 0) + 1
+            heard(change)
+
+        self._listener = Listener(self.url, self.origin, counted)
+        self._listener.start()
+
+    def sweeps(self) -> bool:
+        """Whether this server is the one that sweeps (db/changes.py,
+        SweepLease). On SQLite, the only server does."""
+        if self.is_sqlite:
+            return True
+        if self._lease is None:
+            self._lease = SweepLease(self.url)
+        return self._lease.held()
+
     @contextmanager
     def read(self) -> Iterator[Session]:
         with Session(self._read_engine, expire_on_commit=False) as session:
@@ -69,10 +107,14 @@ class Database:
         """A transaction that commits on success and rolls back on error."""
         with Session(self._write_engine, expire_on_commit=False) as session:
             rows: list[object] = []
+            nodes: list[models.Node] = []
 
             def note(changed: Session, *_: object) -> None:
                 rows.extend((*changed.new, *changed.deleted))
                 rows.extend(row for row in changed.dirty if changed.is_modified(row))
+                nodes.extend(
+                    row for row in (*changed.new, *changed.dirty) if _node_identity_changed(row)
+                )
 
             event.listen(session, "before_flush", note)
             with session.begin():
@@ -84,19 +126,58 @@ class Database:
                         text("SELECT pg_advisory_xact_lock(:key)"), {"key": WRITE_LOCK_KEY}
                     )
                 yield session
+                if not self.is_sqlite:
+                    session.flush()
+                    if rows:  # delivered at commit, to every other server listening
+                        self._announce(session, rows, nodes)
         with self._writes_lock:
-            for table in {type(row) for row in rows}:
+            for table in {_table_of(row) for row in rows}:
                 self._writes[table] = self._writes.get(table, 0) + 1
         if rows:
             for callback in self._after_commit:
                 callback(rows)
 
+    def _announce(self, session: Session, rows: list[object], nodes: list[models.Node]) -> None:
+        change = Change(
+            origin=self.origin,
+            tables=frozenset(_table_of(row) for row in rows),
+            wake=self._wakes(rows),
+            nodes=tuple(sorted({n.id for n in nodes if n.id is not None})),
+        )
+        session.execute(
+            text("SELECT pg_notify(:channel, :payload)"),
+            {"channel": CHANNEL, "payload": change.payload()},
+        )
+
     def writes_to(self, tables: tuple[type, ...]) -> tuple[int, ...]:
         """How many committed transactions have changed each of these tables."""
-        return tuple(self._writes.get(table, 0) for table in tables)
+        with self._writes_lock:
+            return tuple(
+                self._writes.get(_table_of(table), 0) + self._everything for table in tables
+            )
 
     def dispose(self) -> None:
+        if self._listener is not None:
+            self._listener.stop()
+            self._listener = None
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
         self.engine.dispose()
+
+
+def _table_of(row_or_model: object) -> str:
+    model = row_or_model if isinstance(row_or_model, type) else type(row_or_model)
+    return str(getattr(model, "__tablename__", model.__name__))
+
+
+def _node_identity_changed(row: object) -> bool:
+    """A node row whose credential or state is new: other servers reload
+    the node's credential (a revoked node is refused everywhere)."""
+    if not isinstance(row, models.Node):
+        return False
+    attrs = inspect(row).attrs
+    return bool(attrs.credential_digest.history.has_changes() or attrs.state.history.has_changes())
 
 
 def _make_engine(url: str, is_sqlite: bool) -> Engine:

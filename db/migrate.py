@@ -14,7 +14,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Column, Engine, MetaData, PrimaryKeyConstraint, String, Table, inspect
+from sqlalchemy import (
+    Column,
+    Connection,
+    Engine,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    inspect,
+    text,
+)
 from sqlalchemy import select as sa_select
 from sqlmodel import SQLModel
 
@@ -26,6 +36,8 @@ BASE = "0001"
 # This release's revision: the newest in migrations/versions (a test checks).
 HEAD = "0002"
 UPGRADE_COMMAND = "ddpo-server db upgrade"
+# PostgreSQL: the advisory lock held while a schema is looked at or made.
+SCHEMA_LOCK_KEY = 0x6464706D  # "ddpm"
 
 # Alembic's own table, as Alembic makes it.
 _version = Table(
@@ -61,12 +73,23 @@ def current(engine: Engine) -> str | None:
     """The database's revision; None for an empty database. One with tables
     but no revision was made before migrations: the base's."""
     with engine.connect() as connection:
-        tables = inspect(connection)
-        if tables.has_table(_version.name):
-            revision = connection.execute(sa_select(_version.c.version_num)).scalar()
-            if revision is not None:
-                return str(revision)
-        return BASE if tables.has_table("job") else None
+        return _revision(connection)
+
+
+def _revision(connection: Connection) -> str | None:
+    tables = inspect(connection)
+    if tables.has_table(_version.name):
+        revision = connection.execute(sa_select(_version.c.version_num)).scalar()
+        if revision is not None:
+            return str(revision)
+    return BASE if tables.has_table("job") else None
+
+
+def _one_at_a_time(connection: Connection) -> None:
+    """PostgreSQL: servers (and upgrades) starting together on one database
+    take turns to look at and make its schema, until their transaction ends."""
+    if connection.dialect.name == "postgresql":
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
 
 
 def upgrade(engine: Engine, to: str = "head") -> tuple[str | None, str]:
@@ -75,8 +98,9 @@ def upgrade(engine: Engine, to: str = "head") -> tuple[str | None, str]:
     from alembic import command
     from alembic.runtime.migration import MigrationContext
 
-    was = current(engine)
     with engine.begin() as connection:
+        _one_at_a_time(connection)
+        was = _revision(connection)
         config = _config()
         config.attributes["connection"] = connection
         if was == BASE and MigrationContext.configure(connection).get_current_revision() is None:
@@ -90,13 +114,14 @@ def prepare(engine: Engine) -> None:
     say, which a test holds equal to what the migrations make, stamped with
     this release's revision); one at this release's revision is used as it
     is; any other is refused, with what to do."""
-    revision = current(engine)
-    if revision is None:
-        with engine.begin() as connection:
+    with engine.begin() as connection:
+        _one_at_a_time(connection)
+        revision = _revision(connection)
+        if revision is None:
             SQLModel.metadata.create_all(connection)
             _version.create(connection)
             connection.execute(_version.insert().values(version_num=HEAD))
-        return
+            return
     if revision == HEAD:
         return
     if revision not in _known():

@@ -233,11 +233,16 @@ def get_node_by_name(*, session: Session, name: str) -> Node | None:
     return session.exec(select(Node).where(Node.name == name)).first()
 
 
-def node_credentials(*, session: Session) -> list[tuple[int, str]]:
-    """(node id, credential digest) of every node that has one."""
+def node_credentials(
+    *, session: Session, node_ids: Sequence[int] | None = None
+) -> list[tuple[int, str]]:
+    """(node id, credential digest) of every node that has one (of those
+    nodes only, if given)."""
     statement = select(Node.id, Node.credential_digest).where(
         col(Node.credential_digest).is_not(None)
     )
+    if node_ids is not None:
+        statement = statement.where(col(Node.id).in_(node_ids))
     return [(i, d) for i, d in session.exec(statement).all() if i is not None and d is not None]
 
 

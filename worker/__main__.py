@@ -28,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--server",
         dest="server_url",
-        help="server URL [DDPO_SERVER_URL, default http://127.0.0.1:8000]",
+        help="server URL, or several servers on one database, comma-separated: the "
+        "worker moves to the next when one cannot be reached "
+        "[DDPO_SERVER_URL, default http://127.0.0.1:8000]",
     )
     parser.add_argument("--name", help="unique node name [DDPO_WORKER_NAME, default the host name]")
     _add_network_arguments(parser)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -42,12 +43,32 @@ def _bearer(token: str | None) -> dict[str, str]:
 CONNECT_TIMEOUT_S = 3.0
 
 
+def server_urls(value: str) -> list[str]:
+    """``--server``'s value: one URL, or several servers on one database,
+    comma-separated (a worker moves to the next when one cannot be reached)."""
+    return [url.strip().rstrip("/") for url in value.split(",") if url.strip()]
+
+
 class ServerClient:
-    def __init__(self, base_url: str, timeout_s: float) -> None:
+    def __init__(self, base_url: str | Sequence[str], timeout_s: float) -> None:
         self._timeout_s = timeout_s
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=self._timeout(timeout_s))
+        self._urls = server_urls(base_url) if isinstance(base_url, str) else list(base_url)
+        self._current = 0
+        self._http = httpx.Client(timeout=self._timeout(timeout_s))
         # The node's own credential, presented on everything but joining.
         self.credential: str | None = None
+
+    @property
+    def url(self) -> str:
+        """The server this client speaks to now."""
+        return self._urls[self._current]
+
+    def _unreachable(self, what: str, exc: Exception) -> ServerUnavailable:
+        """The server could not be reached: the next call goes to the next
+        one given, if there are several (one database behind them all)."""
+        tried = self.url
+        self._current = (self._current + 1) % len(self._urls)
+        return ServerUnavailable(f"{what} ({tried}): {exc!r}")
 
     def close(self) -> None:
         self._http.close()
@@ -69,7 +90,7 @@ class ServerClient:
         """POST ``body``, presenting ``auth`` if given, else the node's credential."""
         try:
             response = self._http.post(
-                path,
+                self.url + path,
                 content=body.model_dump_json(),
                 headers={
                     "content-type": "application/json",
@@ -79,7 +100,7 @@ class ServerClient:
                 timeout=self._timeout(self._timeout_s + extra_wait_s),
             )
         except httpx.HTTPError as exc:
-            raise ServerUnavailable(f"{path}: {exc!r}") from exc
+            raise self._unreachable(path, exc) from exc
         return self._check(path, response)
 
     @staticmethod
@@ -146,14 +167,14 @@ class ServerClient:
         try:
             with open(path, "rb") as body:
                 response = self._http.put(
-                    f"/parts/{part_id}/checkpoint",
+                    f"{self.url}/parts/{part_id}/checkpoint",
                     params={"node_id": node_id, "epoch": epoch},
                     content=body,
                     headers={"content-type": "application/octet-stream", **self._auth()},
                     timeout=self._timeout(self._timeout_s * 10),
                 )
         except httpx.HTTPError as exc:
-            raise ServerUnavailable(f"checkpoint upload: {exc!r}") from exc
+            raise self._unreachable("checkpoint upload", exc) from exc
         return protocol.Ack.model_validate(
             self._check(f"/parts/{part_id}/checkpoint", response)
         ).accepted
@@ -164,7 +185,7 @@ class ServerClient:
         try:
             with self._http.stream(
                 "GET",
-                f"/jobs/{job_id}/model",
+                f"{self.url}/jobs/{job_id}/model",
                 timeout=self._timeout(self._timeout_s * 10),
                 headers=self._auth(),
             ) as response:
@@ -175,7 +196,7 @@ class ServerClient:
                     for chunk in response.iter_bytes():
                         out.write(chunk)
         except httpx.HTTPError as exc:
-            raise ServerUnavailable(f"checkpoint download: {exc!r}") from exc
+            raise self._unreachable("checkpoint download", exc) from exc
         os.replace(partial, destination)
 
     def progress(self, part_id: int, node_id: int, reports: list[protocol.ProgressReport]) -> bool:

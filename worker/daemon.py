@@ -111,7 +111,7 @@ class Worker:
     def _register(self) -> None:
         try:
             self.network = network.node_address(
-                self.settings.server_url,
+                self.client.url,
                 self.settings.address,
                 self.settings.interface,
                 network.local_addresses(),
@@ -149,7 +149,7 @@ class Worker:
             registration.address,
             self.network.interface,
             self.cpus,
-            self.settings.server_url,
+            self.client.url,
         )
         self._start_heartbeat(registered)
 
@@ -157,7 +157,7 @@ class Worker:
         if self._heartbeat is not None:
             self._heartbeat.close()
         self._heartbeat = Heartbeat(
-            server_url=self.settings.server_url,
+            server_url=self.settings.server_url,  # all of them, if several
             credential=self.client.credential,
             node_id=registered.node_id,
             interval_s=registered.heartbeat_interval_s,

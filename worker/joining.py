@@ -13,7 +13,7 @@ from pydantic import SecretStr
 from api import local_tokens
 from api.schemas import NodeRegistered, NodeRegistration
 from worker import credentials
-from worker.client import CredentialRefused, Refused, ServerClient
+from worker.client import CredentialRefused, Refused, ServerClient, server_urls
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def join(
         except Refused as exc:
             raise CannotJoin(str(exc)) from None
     if registered is None:
-        token = settings.join_token or _made_join_token(settings.server_url)
+        token = settings.join_token or _made_join_token(server_urls(settings.server_url)[0])
         try:
             registered = client.register(registration, token.get_secret_value() if token else None)
         except Refused as exc:

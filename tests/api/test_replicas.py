@@ -1,0 +1,170 @@
+"""Two servers on one PostgreSQL database serve as one: what is written
+through one is what the other answers (its cached answers included), a
+long-poll on one wakes for a job submitted or cancelled through the other,
+a node revoked through one is refused by the other at once, and one of
+them sweeps at a time. (PostgreSQL only: SQLite has one server per file.)"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from db.changes import SweepLease
+from tests.api.conftest import ProtocolNode, ThreadedServer, bearer, make_settings, wait_for
+from tests.databases import on_postgres
+
+pytestmark = pytest.mark.skipif(
+    not on_postgres(), reason="several servers share a PostgreSQL database (CI's PostgreSQL lane)"
+)
+
+ADMIN = "admin-3d8f1a6c-Qw2e9Rt5Yu"
+USER = "user-6b2c9e4a-Lk8j3Hg1Fd"
+JOIN = "join-1e7a5c3b-Zx4c7Vb2Nm"
+
+
+@pytest.fixture
+def replicas(tmp_path: Path) -> Iterator[tuple[httpx.Client, httpx.Client]]:
+    first = make_settings(
+        tmp_path,
+        poll_wait_s=30.0,
+        heartbeat_timeout_s=60.0,
+        sweep_interval_s=0.2,
+        admin_token=ADMIN,
+        user_token=USER,
+        join_token=JOIN,
+    )
+    second = first.model_copy(update={"port": make_settings(tmp_path).port})
+    with (
+        ThreadedServer(first) as a,
+        ThreadedServer(second) as b,
+        httpx.Client(base_url=a.url, timeout=30) as on_a,
+        httpx.Client(base_url=b.url, timeout=30) as on_b,
+    ):
+        yield on_a, on_b
+
+
+def submit(client: httpx.Client, **spec: Any) -> int:
+    job = client.post("/jobs", json=spec, headers=bearer(USER)).raise_for_status().json()
+    job_id: int = job["id"]
+    return job_id
+
+
+def status(client: httpx.Client, job_id: int) -> str:
+    answer = client.get(f"/jobs/{job_id}", headers=bearer(USER)).raise_for_status().json()
+    return str(answer["status"])
+
+
+def test_a_cached_answer_on_one_server_is_never_older_than_a_write_through_the_other(
+    replicas: tuple[httpx.Client, httpx.Client],
+) -> None:
+    on_a, on_b = replicas
+    job_id = submit(on_a, max_steps_per_epoch=5)
+    assert status(on_b, job_id) == "queued"  # now cached on B
+    assert status(on_b, job_id) == "queued"
+    on_a.post(f"/jobs/{job_id}/cancel", headers=bearer(USER)).raise_for_status()
+    # Within the time a note takes to cross (milliseconds), well before
+    # the cache's own second.
+    started = time.monotonic()
+    wait_for(lambda: status(on_b, job_id) == "cancelled", 0.9, "B to see the cancel")
+    assert time.monotonic() - started < 0.9
+
+
+def last_polled(client: httpx.Client, name: str) -> datetime:
+    nodes = client.get("/nodes", headers=bearer(USER)).raise_for_status().json()["data"]
+    return datetime.fromisoformat(next(n for n in nodes if n["name"] == name)["last_heartbeat_at"])
+
+
+def held_poll(node: ProtocolNode, **poll: Any) -> tuple[threading.Thread, list[dict[str, Any]]]:
+    """A poll held open (30 s) on the node's server, waiting by the time this returns."""
+    answers: list[dict[str, Any]] = []
+    poller = threading.Thread(target=lambda: answers.append(node.poll(wait_s=30.0, **poll)))
+    since = last_polled(node.client, node.name)
+    poller.start()
+    wait_for(lambda: last_polled(node.client, node.name) > since, what="the poll to be waiting")
+    return poller, answers
+
+
+def test_a_long_poll_on_one_server_wakes_for_a_submit_and_a_cancel_through_the_other(
+    replicas: tuple[httpx.Client, httpx.Client],
+) -> None:
+    on_a, on_b = replicas
+    node = ProtocolNode(on_b, "node-b", JOIN)
+    poller, answers = held_poll(node)
+    job_id = submit(on_a, max_steps_per_epoch=5)
+    poller.join(10)  # of its 30 s: only a poll woken by the news answers in time
+    assert not poller.is_alive(), "B's poll was not woken by the job submitted through A"
+    [assignment] = answers[0]["start"]
+    assert assignment["job_id"] == job_id
+
+    part_id = assignment["part_id"]
+    node.client.post(
+        f"/parts/{part_id}/started", json={"node_id": node.node_id}, headers=node.headers
+    ).raise_for_status()
+    poller, answers = held_poll(node, active=[part_id])
+    on_a.post(f"/jobs/{job_id}/cancel", headers=bearer(USER)).raise_for_status()
+    poller.join(2)  # the done-when's bound for a cancel to reach a node on the other server
+    assert not poller.is_alive(), "B's poll was not woken by the cancel sent to A"
+    assert answers[0]["stop"] == [part_id]
+
+
+def test_a_node_revoked_through_one_server_is_refused_by_the_other_at_once(
+    replicas: tuple[httpx.Client, httpx.Client],
+) -> None:
+    on_a, on_b = replicas
+    node = ProtocolNode(on_a, "node-a", JOIN)
+    # Its credential works on B, which heard of it from A.
+    wait_for(
+        lambda: (
+            on_b.post(
+                f"/nodes/{node.node_id}/heartbeat",
+                json={"active_part_ids": []},
+                headers=node.headers,
+            ).status_code
+            == 200
+        ),
+        5,
+        "B to take the new node's credential",
+    )
+    on_a.post(f"/nodes/{node.node_id}/revoke", headers=bearer(ADMIN)).raise_for_status()
+    refused = on_b.post(
+        f"/nodes/{node.node_id}/heartbeat", json={"active_part_ids": []}, headers=node.headers
+    )
+    # "At once": the revoke's answer came after its commit; B heard the note
+    # within milliseconds, or refuses from the database's row (403) anyway.
+    assert refused.status_code in (401, 403), refused.text
+    wait_for(
+        lambda: (
+            on_b.post(
+                f"/nodes/{node.node_id}/heartbeat",
+                json={"active_part_ids": []},
+                headers=node.headers,
+            ).status_code
+            == 401
+        ),
+        1,
+        "B to refuse the credential itself",
+    )
+
+
+def test_one_server_sweeps_at_a_time_and_another_takes_over_when_it_goes(
+    tmp_path: Path,
+) -> None:
+    url = make_settings(tmp_path).database_url
+    first, second = SweepLease(url), SweepLease(url)
+    try:
+        assert first.held()
+        assert not second.held()
+        assert first.held()  # it keeps it
+        first.release()  # as a server that died: its connection closes
+        assert second.held()
+        assert not first.held()
+    finally:
+        first.release()
+        second.release()
