@@ -213,7 +213,7 @@ async def _sweep_forever(core: Core, duration: Histogram, cache: ReadCache) -> N
         try:
             cache.drop_expired()
             # With several servers on one database, one sweeps at a time.
-            if not await run_in_threadpool(core.db.sweeps):
+            if not await run_in_threadpool(core.db.sweeps, settings.sweep_interval_s):
                 continue
             await run_in_threadpool(_timed_tick, core, judge_nodes, duration)
             if loop.time() - pruned_at >= settings.retention_interval_s:

@@ -38,6 +38,11 @@ MAX_PAYLOAD_BYTES = 7900
 RECONNECT_S = 1.0
 # The advisory lock the sweeping server holds (on a connection of its own).
 SWEEP_LOCK_KEY = 0x6464706E  # "ddpn"
+# PostgreSQL ends the sweeper's session (and so frees the lock) once it has
+# been silent this long: a server that froze, or whose host vanished without
+# closing its connections, stops holding the lease within it. The sweeper
+# speaks on it every sweep interval.
+LEASE_SILENCE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -141,10 +146,12 @@ class SweepLease:
     """Whether this server is the one that sweeps: a session-level advisory
     lock, held on a connection of its own for as long as this server lives.
     A server that dies drops its connection, and with it the lock: another
-    takes it at its next try (within a sweep interval)."""
+    takes it at its next try (within a sweep interval). One that freezes or
+    loses its host is cut off by PostgreSQL after ``silence_s``."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, silence_s: float = LEASE_SILENCE_S) -> None:
         self._url = libpq_url(url)
+        self._silence_ms = int(silence_s * 1000)
         self._connection: Any = None
         self._holds = False
 
@@ -155,6 +162,7 @@ class SweepLease:
         try:
             if self._connection is None or self._connection.closed:
                 self._connection, self._holds = psycopg.connect(self._url, autocommit=True), False
+                self._connection.execute(f"SET idle_session_timeout = {self._silence_ms}")
             if self._holds:
                 self._connection.execute("SELECT 1")  # ours for as long as it lives
                 return True

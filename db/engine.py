@@ -13,7 +13,7 @@ from sqlalchemy.engine import make_url
 from sqlmodel import Session, create_engine
 
 from db import migrate, models
-from db.changes import CHANNEL, Change, Listener, SweepLease, new_origin
+from db.changes import CHANNEL, LEASE_SILENCE_S, Change, Listener, SweepLease, new_origin
 
 # A writer waits this long for SQLite's single write lock before giving up.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -88,13 +88,13 @@ class Database:
         self._listener = Listener(self.url, self.origin, counted)
         self._listener.start()
 
-    def sweeps(self) -> bool:
+    def sweeps(self, every_s: float) -> bool:
         """Whether this server is the one that sweeps (db/changes.py,
-        SweepLease). On SQLite, the only server does."""
+        SweepLease); asked every ``every_s``. On SQLite, the only server does."""
         if self.is_sqlite:
             return True
         if self._lease is None:
-            self._lease = SweepLease(self.url)
+            self._lease = SweepLease(self.url, max(LEASE_SILENCE_S, 5 * every_s))
         return self._lease.held()
 
     @contextmanager

@@ -168,3 +168,18 @@ def test_one_server_sweeps_at_a_time_and_another_takes_over_when_it_goes(
     finally:
         first.release()
         second.release()
+
+
+def test_a_sweeper_that_falls_silent_loses_the_lease(tmp_path: Path) -> None:
+    """A server that froze (or lost its host) while holding the lease: the
+    database cuts its session off, and another server sweeps."""
+    url = make_settings(tmp_path).database_url
+    frozen, other = SweepLease(url, silence_s=0.5), SweepLease(url)
+    try:
+        assert frozen.held()
+        assert not other.held()
+        wait_for(other.held, 10, "the other server to take the lease")
+        assert not frozen.held()  # it learns it lost it, and stops sweeping
+    finally:
+        frozen.release()
+        other.release()
