@@ -7,5 +7,6 @@ COPY api api
 COPY worker worker
 COPY db db
 COPY cli cli
+COPY ddpo ddpo
 RUN pip install --no-cache-dir .
 WORKDIR /var/lib/ddpo

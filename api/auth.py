@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from fastapi import HTTPException
 from pydantic import SecretStr
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import route_table
@@ -52,14 +53,22 @@ class TokenBook:
     """The configured role tokens' digests, and the nodes' credentials."""
 
     def __init__(
-        self, tokens: dict[Role, SecretStr | None], nodes: NodeCredentials | None = None
+        self,
+        tokens: dict[Role, SecretStr | None],
+        nodes: NodeCredentials | None = None,
+        look_up: Callable[[str], int | None] | None = None,
     ) -> None:
+        """``look_up`` finds the node a credential digest belongs to in the
+        database, for one this server has not heard of yet: with several
+        servers, a node registered through another may reach this one
+        before the note of it does."""
         self._digests = [
             (role, bytes.fromhex(digest(token.get_secret_value())))
             for role, token in tokens.items()
             if token is not None and token.get_secret_value()
         ]
         self.nodes = nodes or NodeCredentials()
+        self.look_up = look_up
 
     @property
     def enabled(self) -> bool:
@@ -77,13 +86,30 @@ class TokenBook:
         if scheme.lower() != "bearer" or not token.strip():
             return None
         presented = digest(token.strip())
+        found = self._role_of(presented)
+        if found is None and (node_id := self.nodes.node_of(presented)) is not None:
+            found = Caller(Role.NODE, node_id)
+        return found
+
+    def caller_in_database(self, authorization: str) -> Caller | None:
+        """A node credential :meth:`caller_of` did not know, looked up in
+        the database (blocking: call it from a thread)."""
+        token = authorization.partition(" ")[2].strip()
+        if self.look_up is None or not token:
+            return None
+        presented = digest(token)
+        # Not kept in memory: the note of the node (api/main.py, _heard)
+        # puts it there, and a revocation's note takes it out; one kept
+        # from here could outlive a revocation heard in between.
+        node_id = self.look_up(presented)
+        return None if node_id is None else Caller(Role.NODE, node_id)
+
+    def _role_of(self, presented: str) -> Caller | None:
         presented_bytes = bytes.fromhex(presented)
         found = None
         for role, role_digest in self._digests:
             if secrets.compare_digest(presented_bytes, role_digest):
                 found = Caller(role)
-        if found is None and (node_id := self.nodes.node_of(presented)) is not None:
-            found = Caller(Role.NODE, node_id)
         return found
 
 
@@ -115,6 +141,8 @@ class AuthMiddleware:
         headers = dict(scope["headers"])
         authorization = headers.get(b"authorization", b"").decode("latin-1")
         caller = self.book.caller_of(authorization)
+        if caller is None and self.book.look_up is not None and authorization:
+            caller = await run_in_threadpool(self.book.caller_in_database, authorization)
         if caller is None:
             await _refuse(send, 401, "a valid bearer token is needed (Authorization: Bearer ...)")
         elif caller.role not in allowed:

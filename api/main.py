@@ -20,7 +20,7 @@ from starlette.types import ASGIApp
 
 from api import route_table
 from api.auth import AuthMiddleware, TokenBook
-from api.core.clock import tick
+from api.core.clock import tick, write_sightings
 from api.core.context import Core
 from api.core.errors import DomainError, InvalidFields
 from api.core.retention import prune
@@ -94,7 +94,12 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.notifier = notifier
     app.state.core = core
     app.state.read_cache = read_cache
-    app.state.tokens = TokenBook(settings.role_tokens, core.credentials)
+    app.state.tokens = TokenBook(
+        settings.role_tokens,
+        core.credentials,
+        # SQLite: this server is the only one, and knows every credential.
+        look_up=None if db.is_sqlite else lambda hexdigest: _node_of_credential(db, hexdigest),
+    )
     app.state.registry, app.state.latency = instruments.registry, instruments.latency
     app.add_middleware(LatencyMiddleware, latency=app.state.latency)
     for router in (jobs.router, studies.router, nodes.router, parts.router, trainers.router):
@@ -182,6 +187,11 @@ def _wakes_polls(rows: Sequence[object]) -> bool:
     )
 
 
+def _node_of_credential(db: Database, hexdigest: str) -> int | None:
+    with db.read() as session:
+        return queries.node_of_credential(session=session, hexdigest=hexdigest)
+
+
 def _heard(core: Core, notifier: Notifier, change: Change) -> None:
     """Another server on the database committed ``change``."""
     if change.everything or change.nodes:
@@ -212,6 +222,7 @@ async def _sweep_forever(core: Core, duration: Histogram, cache: ReadCache) -> N
             log.warning("the server ran %.1f s late; not judging node liveness this time", late_s)
         try:
             cache.drop_expired()
+            await run_in_threadpool(write_sightings, core)
             # With several servers on one database, one sweeps at a time.
             if not await run_in_threadpool(core.db.sweeps, settings.sweep_interval_s):
                 continue

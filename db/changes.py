@@ -155,6 +155,11 @@ class SweepLease:
         self._connection: Any = None
         self._holds = False
 
+    @property
+    def holds(self) -> bool:
+        """As :meth:`held` last found (no query)."""
+        return self._holds
+
     def held(self) -> bool:
         """True if this server holds the lease (taking it if it is free)."""
         import psycopg

@@ -97,6 +97,11 @@ class Database:
             self._lease = SweepLease(self.url, max(LEASE_SILENCE_S, 5 * every_s))
         return self._lease.held()
 
+    @property
+    def sweeping(self) -> bool:
+        """Whether this server held the sweep lease at its last turn."""
+        return self.is_sqlite or (self._lease is not None and self._lease.holds)
+
     @contextmanager
     def read(self) -> Iterator[Session]:
         with Session(self._read_engine, expire_on_commit=False) as session:

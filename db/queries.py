@@ -246,6 +246,11 @@ def node_credentials(
     return [(i, d) for i, d in session.exec(statement).all() if i is not None and d is not None]
 
 
+def node_of_credential(*, session: Session, hexdigest: str) -> int | None:
+    """The node whose credential has this digest (a revoked node has none)."""
+    return session.exec(select(Node.id).where(Node.credential_digest == hexdigest)).first()
+
+
 def count_unrevoked_nodes(*, session: Session) -> int:
     statement = select(func.count()).select_from(Node).where(Node.state != NodeState.REVOKED)
     return int(session.exec(statement).one() or 0)
@@ -294,6 +299,24 @@ def get_nodes(*, session: Session, node_ids: Iterable[int]) -> dict[int, Node]:
         return {}
     nodes = session.exec(select(Node).where(col(Node.id).in_(ids))).all()
     return {n.id: n for n in nodes if n.id is not None}
+
+
+# Ids per statement: well under SQLite's limit on bound parameters.
+_IDS_PER_STATEMENT = 500
+
+
+def note_heard(*, session: Session, node_ids: Sequence[int], at: datetime) -> None:
+    """These nodes were heard from at ``at``. A bulk UPDATE: not a change
+    placement or other servers need to hear of (db/engine.py counts and
+    announces only the rows the session itself changed)."""
+    for start in range(0, len(node_ids), _IDS_PER_STATEMENT):
+        chunk = node_ids[start : start + _IDS_PER_STATEMENT]
+        session.execute(
+            update(Node)
+            .where(col(Node.id).in_(chunk), col(Node.last_heartbeat_at) < at)
+            .values(last_heartbeat_at=at)
+            .execution_options(synchronize_session=False)
+        )
 
 
 def stale_live_nodes(*, session: Session, heartbeat_before: datetime) -> list[Node]:

@@ -67,6 +67,9 @@ class Worker:
         self._offers: list[TrainerOffer] | None = None
         self._forks_awaited = False
         self._heartbeat: Heartbeat | None = None
+        # When a poll was last answered (monotonic): the heartbeat skips a
+        # beat that would follow one within its interval.
+        self._poll_answered_at = float("-inf")
         # Resolved at each registration: the route to the server may change.
         self.network: network.NodeAddress | None = None
         self.cpus = cores.usable_cpus(settings.cpus)
@@ -163,6 +166,7 @@ class Worker:
             interval_s=registered.heartbeat_interval_s,
             active_part_ids=lambda: sorted(self.parts),
             stop_parts=self._stop_given_away,
+            answered_at=lambda: self._poll_answered_at,
         ).start()
 
     def _stop_given_away(self, part_ids: list[int]) -> None:
@@ -267,6 +271,7 @@ class Worker:
         except ServerUnavailable as exc:
             self.courier.unavailable(exc)
             return
+        self._poll_answered_at = time.monotonic()
         self.courier.available()
         for assignment in response.start:
             self._start(assignment)

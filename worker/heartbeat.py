@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from worker.client import Refused, ServerClient, ServerUnavailable
@@ -31,7 +32,13 @@ class Heartbeat:
         interval_s: float,
         active_part_ids: Callable[[], list[int]],
         stop_parts: Callable[[list[int]], None],
+        answered_at: Callable[[], float] = lambda: float("-inf"),
     ) -> None:
+        """``answered_at``: when (monotonic) the daemon last had an answer to
+        a poll; a beat within an interval of it would tell the server
+        nothing new (a poll is a sign of life too, and says what to stop),
+        so it is skipped: an idle node costs the server one request per
+        poll, not two."""
         # A beat never outlasts its period: a late answer is worth less than
         # the next beat.
         self._client = ServerClient(server_url, timeout_s=interval_s)
@@ -40,6 +47,7 @@ class Heartbeat:
         self._interval_s = interval_s
         self._active_part_ids = active_part_ids
         self._stop_parts = stop_parts
+        self._answered_at = answered_at
         self._closed = threading.Event()
         self._failing = False
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
@@ -55,7 +63,8 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._closed.wait(self._interval_s):
-            self.beat()
+            if time.monotonic() - self._answered_at() >= self._interval_s:
+                self.beat()
 
     def beat(self) -> None:
         try:

@@ -38,6 +38,22 @@ def tick(core: Core, judge_nodes: bool = True) -> bool:
     return lost or bool(late) or (outcome is not None and outcome.placed)
 
 
+def write_sightings(core: Core) -> None:
+    """The nodes this server heard from since the last turn, written as
+    their heartbeat times in one transaction (every server does this each
+    sweep interval; the one that sweeps judges on what all of them wrote,
+    so a node's silence is judged at most one interval late)."""
+    heard = core.sightings.take_unwritten()
+    if not heard:
+        return
+    try:
+        with core.db.write() as session:
+            queries.note_heard(session=session, node_ids=heard, at=utcnow())
+    except BaseException:
+        core.sightings.put_back(heard)
+        raise
+
+
 def sweep_lost_nodes(core: Core) -> bool:
     """Mark nodes that stopped heartbeating as lost, and their parts with them."""
     timeout_s = core.settings.heartbeat_timeout_s

@@ -16,21 +16,39 @@ from db.engine import Database
 class Sightings:
     """node id -> when a request from it last arrived (monotonic). Any
     request proves a node alive, and it is noted before the request waits
-    for the database: a node stuck behind a busy server is not a lost node."""
+    for the database: a node stuck behind a busy server is not a lost node.
+
+    The sightings reach the database in one write a sweep interval
+    (:meth:`take_unwritten`, api/core/clock.py), as the nodes' heartbeat
+    times: whichever server a node reached, the one that sweeps sees it,
+    and a poll or a heartbeat costs a read, not a write."""
 
     def __init__(self) -> None:
         self._listening_since = time.monotonic()
         self._seen: dict[int, float] = {}
+        self._unwritten: set[int] = set()
         self._lock = threading.Lock()
 
     def saw(self, node_id: int) -> None:
         with self._lock:
             self._seen[node_id] = time.monotonic()
+            self._unwritten.add(node_id)
 
     def seen_within(self, node_id: int, seconds: float) -> bool:
         with self._lock:
             seen = self._seen.get(node_id)
         return seen is not None and time.monotonic() - seen < seconds
+
+    def take_unwritten(self) -> list[int]:
+        """The nodes seen since the last take (give them back with
+        :meth:`put_back` if they could not be written)."""
+        with self._lock:
+            taken, self._unwritten = self._unwritten, set()
+        return sorted(taken)
+
+    def put_back(self, node_ids: list[int]) -> None:
+        with self._lock:
+            self._unwritten.update(node_ids)
 
     def listening_for(self) -> float:
         """Seconds since this server started hearing nodes."""

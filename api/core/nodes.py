@@ -160,61 +160,69 @@ def node_holds_job(core: Core, node_id: int, job_id: int) -> bool:
 def poll_node(
     core: Core, node_id: int, active_part_ids: list[int], waiting_for_port: list[int]
 ) -> PollResponse:
-    """Heartbeat, and tell the node what to start, what to stop, and the
-    rendezvous ports it waits for."""
+    """Tell the node what to start, what to stop, and the rendezvous ports
+    it waits for. A read: the poll's sign of life is a sighting (written
+    with the others once a sweep interval, api/core/clock.py), and nothing
+    else changes, unless the node is back after being lost."""
     core.sightings.saw(node_id)
+    with core.db.read() as session:
+        if _known_node(session, node_id).state is NodeState.LIVE:
+            return _poll_answer(session, node_id, active_part_ids, waiting_for_port)
     with core.db.write() as session:
-        node = _heard_from(session, node_id)
+        node = _known_node(session, node_id)
         if node.state is not NodeState.LIVE:
             log.warning("node %d (%s) is back after being lost", node_id, node.name)
             node.state = NodeState.LIVE
+            node.last_heartbeat_at = utcnow()
             schedule(session)  # it has room again
         # Otherwise nothing to place: every event that can make a queued
         # job placeable (a submit, a part ending, a node registering or
-        # lost, a backoff ending) schedules in its own transaction. Polls
-        # are the busiest writes; with hundreds queued, planning on each
-        # one kept nodes waiting on the server for seconds.
+        # lost, a backoff ending) schedules in its own transaction.
+        return _poll_answer(session, node_id, active_part_ids, waiting_for_port)
 
-        mine = queries.active_parts_on_nodes(session=session, node_ids=[node_id])
-        reported = set(active_part_ids)
-        attempts = queries.get_attempts(session=session, attempt_ids=[p.attempt_id for p in mine])
-        start = [
-            _assignment(session, p, attempts[p.attempt_id])
-            for p in mine
-            if p.status is PartStatus.ASSIGNED and p.id not in reported
-        ]
-        waiting = set(waiting_for_port)
-        rendezvous = [
-            Rendezvous(part_id=p.id, master_port=port)
-            for p in mine
-            if p.id in waiting and (port := attempts[p.attempt_id].master_port) is not None
-        ]
-        return PollResponse(
-            start=start, stop=_to_stop(session, node_id, mine, reported), rendezvous=rendezvous
-        )
+
+def _poll_answer(
+    session: Session, node_id: int, active_part_ids: list[int], waiting_for_port: list[int]
+) -> PollResponse:
+    mine = queries.active_parts_on_nodes(session=session, node_ids=[node_id])
+    reported = set(active_part_ids)
+    attempts = queries.get_attempts(session=session, attempt_ids=[p.attempt_id for p in mine])
+    start = [
+        _assignment(session, p, attempts[p.attempt_id])
+        for p in mine
+        if p.status is PartStatus.ASSIGNED and p.id not in reported
+    ]
+    waiting = set(waiting_for_port)
+    rendezvous = [
+        Rendezvous(part_id=p.id, master_port=port)
+        for p in mine
+        if p.id in waiting and (port := attempts[p.attempt_id].master_port) is not None
+    ]
+    return PollResponse(
+        start=start, stop=_to_stop(session, node_id, mine, reported), rendezvous=rendezvous
+    )
 
 
 def heartbeat(core: Core, node_id: int, active_part_ids: list[int]) -> list[int]:
     """The node is alive; the parts it runs that it must stop. Sent by the
     daemon's own thread whatever else it is doing (a launch, a transfer
-    over a slow link), so it is light: no placement, no assignments. A
-    node back from a partition learns here, within a heartbeat, which of
-    its parts were given away meanwhile."""
+    over a slow link), so it is light: a read, no placement, no
+    assignments. A node back from a partition learns here, within a
+    heartbeat, which of its parts were given away meanwhile."""
     core.sightings.saw(node_id)
-    with core.db.write() as session:
-        _heard_from(session, node_id)
+    with core.db.read() as session:
+        _known_node(session, node_id)
         mine = queries.active_parts_on_nodes(session=session, node_ids=[node_id])
         return _to_stop(session, node_id, mine, set(active_part_ids))
 
 
-def _heard_from(session: Session, node_id: int) -> Node:
-    """The node a poll or heartbeat came from, its heartbeat noted."""
+def _known_node(session: Session, node_id: int) -> Node:
+    """The node a poll or heartbeat came from, if it may still ask."""
     node = queries.get_node(session=session, node_id=node_id)
     if node is None:
         raise NotFound(f"node {node_id} not found; register again")
     if node.state is NodeState.REVOKED:
         raise Forbidden(f"node {node_id} was revoked by an admin")
-    node.last_heartbeat_at = utcnow()
     return node
 
 

@@ -119,19 +119,12 @@ def test_a_node_revoked_through_one_server_is_refused_by_the_other_at_once(
 ) -> None:
     on_a, on_b = replicas
     node = ProtocolNode(on_a, "node-a", JOIN)
-    # Its credential works on B, which heard of it from A.
-    wait_for(
-        lambda: (
-            on_b.post(
-                f"/nodes/{node.node_id}/heartbeat",
-                json={"active_part_ids": []},
-                headers=node.headers,
-            ).status_code
-            == 200
-        ),
-        5,
-        "B to take the new node's credential",
+    # Its credential works on B at once: B looks a credential it has not
+    # heard of yet up in the database.
+    took = on_b.post(
+        f"/nodes/{node.node_id}/heartbeat", json={"active_part_ids": []}, headers=node.headers
     )
+    assert took.status_code == 200, took.text
     on_a.post(f"/nodes/{node.node_id}/revoke", headers=bearer(ADMIN)).raise_for_status()
     refused = on_b.post(
         f"/nodes/{node.node_id}/heartbeat", json={"active_part_ids": []}, headers=node.headers
@@ -183,3 +176,43 @@ def test_a_sweeper_that_falls_silent_loses_the_lease(tmp_path: Path) -> None:
     finally:
         frozen.release()
         other.release()
+
+
+def test_a_node_heard_only_by_the_server_that_does_not_sweep_stays_live(
+    tmp_path: Path,
+) -> None:
+    settings = make_settings(
+        tmp_path,
+        heartbeat_timeout_s=1.5,
+        poll_wait_s=0.5,
+        sweep_interval_s=0.2,
+        join_token=JOIN,
+        user_token=USER,
+    )
+    with ThreadedServer(settings) as a:
+        sweeper = a.server.config.app.state.db
+        wait_for(lambda: sweeper.sweeping, 10, "the first server to sweep")
+        other = settings.model_copy(update={"port": make_settings(tmp_path).port})
+        with (
+            ThreadedServer(other) as b,
+            httpx.Client(base_url=a.url, timeout=10) as on_a,
+            httpx.Client(base_url=b.url, timeout=10) as on_b,
+        ):
+            assert not b.server.config.app.state.db.sweeping
+            node = ProtocolNode(on_a, "heard-by-b", JOIN)
+            node.client = on_b  # from now on it speaks to B only
+            # Three heartbeat timeouts of beats to B alone, as a worker sends them.
+            until = time.monotonic() + 3 * settings.heartbeat_timeout_s
+            while time.monotonic() < until:
+                node.client.post(
+                    f"/nodes/{node.node_id}/heartbeat",
+                    json={"active_part_ids": []},
+                    headers=node.headers,
+                ).raise_for_status()
+                nodes = on_a.get("/nodes", headers=bearer(USER)).raise_for_status().json()
+                state = nodes["data"][0]["state"]
+                assert state == "live", (
+                    "the sweeping server took a node heard by the other for lost"
+                )
+                time.sleep(settings.heartbeat_interval_s)  # a worker's beat period, not a wait
+            assert sweeper.sweeping

@@ -64,6 +64,7 @@ class FakeServer:
     ``refuse`` as a server refusing them."""
 
     def __init__(self) -> None:
+        self.url = "http://127.0.0.1:9"  # where it would be; nothing is sent
         self.credential: str | None = None
         self.calls: list[tuple[str, Any]] = []
         self.responses: list[PollResponse] = []
