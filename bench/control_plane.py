@@ -110,7 +110,12 @@ def measure(
             },
         )
         with cluster:
-            return asyncio.run(_measure(cluster, case, nodes, window_s))
+            try:
+                return asyncio.run(_measure(cluster, case, nodes, window_s))
+            except Exception:
+                for server in cluster.replica_processes:
+                    print(f"--- {server.name}'s log ends:\n{server.log_tail(4000)}")
+                raise
 
 
 async def _measure(cluster: LocalCluster, case: Case, nodes: int, window_s: float) -> Figures:
@@ -179,10 +184,19 @@ async def _placements(client: httpx.AsyncClient, urls: list[str]) -> float:
     async def submitting(lane: int) -> None:
         while queue:
             index = queue.pop()
-            answer = await client.post(
-                f"{urls[index % len(urls)]}/jobs",
-                json={"name": f"placed-{index}", "max_steps_per_epoch": 1},
-            )
+            for attempt in range(3):
+                try:
+                    # A keep-alive connection the server closed as it was
+                    # reused: sent again, once more at most, under its key.
+                    answer = await client.post(
+                        f"{urls[(index + attempt) % len(urls)]}/jobs",
+                        json={"name": f"placed-{index}", "max_steps_per_epoch": 1},
+                        headers={"Idempotency-Key": f"placed-{index}"},
+                    )
+                    break
+                except httpx.TransportError:
+                    if attempt == 2:
+                        raise
             answer.raise_for_status()
 
     await asyncio.gather(*(submitting(lane) for lane in range(16)))
