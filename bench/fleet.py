@@ -159,14 +159,22 @@ class Fleet:
             ("finish", {"node_id": node.node_id, "status": "succeeded", "exit_code": 0}),
         ):
             started = time.perf_counter()
-            try:
-                answer = await node.client.post(
-                    f"/parts/{part_id}/{route}", json=body, headers=node.headers
-                )
-                answer.raise_for_status()
-                self.latencies.add(route, time.perf_counter() - started)
-            except httpx.HTTPError:
-                self.latencies.failed(route)
+            for attempt in range(5):
+                # Sent again when the connection failed, as a worker does:
+                # the server takes a report it already has as done.
+                try:
+                    answer = await node.client.post(
+                        f"/parts/{part_id}/{route}", json=body, headers=node.headers
+                    )
+                    answer.raise_for_status()
+                    self.latencies.add(route, time.perf_counter() - started)
+                    break
+                except httpx.TransportError:
+                    if attempt == 4:
+                        self.latencies.failed(route)
+                except httpx.HTTPStatusError:
+                    self.latencies.failed(route)
+                    break
         node.parts_done += 1
 
     async def _beat_forever(self, node: SimulatedNode, offset_s: float) -> None:

@@ -29,7 +29,11 @@ from worker import cores
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on the port now. Bound as uvicorn
+    binds (SO_REUSEADDR): connections of an earlier server there, closed
+    and lingering in TIME_WAIT, do not keep a new one from listening."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
