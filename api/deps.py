@@ -11,38 +11,47 @@ from fastapi.exceptions import RequestValidationError
 from api.auth import caller_node
 from api.core.context import Core
 from api.notifier import Notifier
+from api.quiet_nodes import QuietNodes
 from api.read_cache import ReadCache
 from api.schemas import DB_INT_MAX
 from api.settings import ServerSettings
 from db.engine import Database
 
+# The dependencies are coroutines, though none awaits: FastAPI runs a plain
+# function dependency in the thread pool, a hop per dependency per request.
 
-def get_core(request: Request) -> Core:
+
+async def get_core(request: Request) -> Core:
     core: Core = request.app.state.core
     return core
 
 
-def get_db(request: Request) -> Database:
+async def get_db(request: Request) -> Database:
     db: Database = request.app.state.db
     return db
 
 
-def get_notifier(request: Request) -> Notifier:
+async def get_notifier(request: Request) -> Notifier:
     notifier: Notifier = request.app.state.notifier
     return notifier
 
 
-def get_read_cache(request: Request) -> ReadCache:
+async def get_quiet_nodes(request: Request) -> QuietNodes:
+    quiet: QuietNodes = request.app.state.quiet_nodes
+    return quiet
+
+
+async def get_read_cache(request: Request) -> ReadCache:
     cache: ReadCache = request.app.state.read_cache
     return cache
 
 
-def get_settings(request: Request) -> ServerSettings:
+async def get_settings(request: Request) -> ServerSettings:
     settings: ServerSettings = request.app.state.settings
     return settings
 
 
-def refuse_unknown_query(request: Request) -> None:
+async def refuse_unknown_query(request: Request) -> None:
     """422 for a query parameter the route does not declare: a typo should
     not pass for a filter, and a client varying a name nothing reads must
     not make the read cache hold a new answer for each value."""
@@ -71,7 +80,7 @@ def _declared_query(dependant: Dependant) -> set[str]:
     return names
 
 
-def get_caller_node(request: Request) -> int | None:
+async def get_caller_node(request: Request) -> int | None:
     """The node whose credential sent the request (None: not a node's)."""
     return caller_node(request.scope.get("state", {}))
 
@@ -79,6 +88,7 @@ def get_caller_node(request: Request) -> int | None:
 CoreDep = Annotated[Core, Depends(get_core)]
 DatabaseDep = Annotated[Database, Depends(get_db)]
 NotifierDep = Annotated[Notifier, Depends(get_notifier)]
+QuietNodesDep = Annotated[QuietNodes, Depends(get_quiet_nodes)]
 SettingsDep = Annotated[ServerSettings, Depends(get_settings)]
 ReadCacheDep = Annotated[ReadCache, Depends(get_read_cache)]
 CallerNodeDep = Annotated[int | None, Depends(get_caller_node)]

@@ -31,6 +31,7 @@ from api.lifecycle import IllegalTransition, PartStatus
 from api.limits import BodyLimitMiddleware
 from api.monitoring import LatencyMiddleware, make_registry
 from api.notifier import Notifier
+from api.quiet_nodes import QuietNodes
 from api.read_cache import ReadCache, ReadCacheMiddleware
 from api.routes import (
     dashboard,
@@ -45,9 +46,9 @@ from api.routes import (
 )
 from api.settings import ServerSettings
 from db import queries
-from db.changes import Change
+from db.changes import Change, Wake
 from db.engine import Database
-from db.models import Attempt, Part, utcnow
+from db.models import Attempt, Node, Part, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     core = Core(db, settings)
     instruments = make_registry(db)
     read_cache = ReadCache(db)
-    db.after_commit(lambda rows: notifier.notify() if _wakes_polls(rows) else None)
+    db.after_commit(lambda rows: notifier.wake(_wakes_polls(rows)))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -92,6 +93,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.db = db
     app.state.notifier = notifier
+    app.state.quiet_nodes = QuietNodes(notifier)
     app.state.core = core
     app.state.read_cache = read_cache
     app.state.tokens = TokenBook(
@@ -175,16 +177,23 @@ def _uploads(method: str, path: str) -> bool:
 STALL_S = 0.5
 
 
-def _wakes_polls(rows: Sequence[object]) -> bool:
-    """Whether a write is news the long-polls report (they are woken once it
-    has committed, on every server): a part assigned, asked to stop or
-    ended, an attempt's rendezvous port known. (A part that just started
-    running is news to no poll: with many nodes polling, waking them all
-    for each start would cost more than the start.)"""
-    return any(
-        isinstance(row, Attempt) or (isinstance(row, Part) and row.status is not PartStatus.RUNNING)
-        for row in rows
-    )
+def _wakes_polls(rows: Sequence[object]) -> Wake:
+    """Which long-polls a write is news for (woken once it has committed,
+    on every server): the node a part was assigned to, asked to stop on or
+    ended on; the polls waiting for a rendezvous port, when an attempt
+    changed (its port may be known); a node whose own row changed (lost,
+    revoked: its next poll must read the database). A part that just
+    started running is news to no poll: its node said so itself. Everything
+    a poll answers changes only through these (api/core/nodes.py,
+    _poll_answer), which is why a quiet node's answer can be remembered
+    (api/quiet_nodes.py)."""
+    nodes: set[int] = set()
+    for row in rows:
+        if isinstance(row, Part) and row.status is not PartStatus.RUNNING:
+            nodes.add(row.node_id)
+        elif isinstance(row, Node) and row.id is not None:
+            nodes.add(row.id)
+    return Wake(nodes=frozenset(nodes), port_waiters=any(isinstance(row, Attempt) for row in rows))
 
 
 def _node_of_credential(db: Database, hexdigest: str) -> int | None:
@@ -203,8 +212,7 @@ def _heard(core: Core, notifier: Notifier, change: Change) -> None:
                 core.credentials.reload(
                     nodes, queries.node_credentials(session=session, node_ids=nodes)
                 )
-    if change.wake:
-        notifier.notify()
+    notifier.wake(change.wake)
 
 
 async def _sweep_forever(core: Core, duration: Histogram, cache: ReadCache) -> None:

@@ -11,6 +11,9 @@ at once. Several server URLs
 to server i % len(urls).
 
     python -m bench.fleet --server http://127.0.0.1:8000 --nodes 1000 --join-token ...
+
+Each node holds its own two keep-alive connections (bench/wire.py), so the
+client's cost per request does not grow with the fleet.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+
+from bench.wire import ConnectionLost, KeepAliveConnection
 
 
 @dataclass
@@ -52,7 +57,9 @@ class Latencies:
 @dataclass
 class SimulatedNode:
     name: str
-    client: httpx.AsyncClient
+    url: str
+    polling: KeepAliveConnection  # polls, and the reports of the parts they start
+    beating: KeepAliveConnection
     node_id: int = 0
     credential: str = ""
     parts_done: int = 0
@@ -70,10 +77,14 @@ class Fleet:
         self.urls = urls
         self.join_token = join_token
         self.latencies = Latencies()
-        limits = httpx.Limits(max_connections=2 * nodes + 64, max_keepalive_connections=2 * nodes)
-        self.clients = [httpx.AsyncClient(base_url=url, timeout=120, limits=limits) for url in urls]
         self.nodes = [
-            SimulatedNode(f"{prefix}-{i}", self.clients[i % len(urls)]) for i in range(nodes)
+            SimulatedNode(
+                f"{prefix}-{i}",
+                url := urls[i % len(urls)],
+                KeepAliveConnection(url),
+                KeepAliveConnection(url),
+            )
+            for i in range(nodes)
         ]
         self.poll_wait_s = 2.0
         self.heartbeat_interval_s = 2.0
@@ -86,6 +97,8 @@ class Fleet:
             queue.put_nowait(node)
         headers = {"Authorization": f"Bearer {self.join_token}"} if self.join_token else {}
         started = time.perf_counter()
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        registering = httpx.AsyncClient(timeout=120, limits=limits)
 
         async def one_by_one() -> None:
             while not queue.empty():
@@ -96,7 +109,9 @@ class Fleet:
                     "address": f"10.{number // 65536 % 256}.{number // 256 % 256}.{number % 256}",
                 }
                 while True:
-                    answer = await node.client.post("/nodes/register", json=body, headers=headers)
+                    answer = await registering.post(
+                        f"{node.url}/nodes/register", json=body, headers=headers
+                    )
                     if answer.status_code != 429:
                         break
                     await asyncio.sleep(float(answer.headers.get("retry-after", "1")))
@@ -106,18 +121,20 @@ class Fleet:
                 self.poll_wait_s = registered["poll_wait_s"]
                 self.heartbeat_interval_s = registered["heartbeat_interval_s"]
 
-        await asyncio.gather(*(one_by_one() for _ in range(concurrency)))
+        async with registering:
+            await asyncio.gather(*(one_by_one() for _ in range(concurrency)))
         return time.perf_counter() - started
 
     def start(self) -> None:
         """Every node polls and beats from now on, until :meth:`stop`."""
         loop = asyncio.get_running_loop()
         for index, node in enumerate(self.nodes):
-            # Spread the nodes' beats over the interval, as nodes that joined
-            # over time would be.
-            offset = self.heartbeat_interval_s * index / len(self.nodes)
-            self._tasks.append(loop.create_task(self._poll_forever(node)))
-            self._tasks.append(loop.create_task(self._beat_forever(node, offset)))
+            # Spread the nodes' polls over the wait and their beats over the
+            # interval, as nodes that joined over time would be.
+            share = index / len(self.nodes)
+            self._tasks.append(loop.create_task(self._poll_forever(node, share * self.poll_wait_s)))
+            beat_offset = share * self.heartbeat_interval_s
+            self._tasks.append(loop.create_task(self._beat_forever(node, beat_offset)))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -126,20 +143,21 @@ class Fleet:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        for client in self.clients:
-            await client.aclose()
+        for node in self.nodes:
+            await node.polling.close()
+            await node.beating.close()
 
-    async def _poll_forever(self, node: SimulatedNode) -> None:
+    async def _poll_forever(self, node: SimulatedNode, offset_s: float) -> None:
+        await asyncio.sleep(offset_s)
         running: list[int] = []
         while True:
             body = {"active_part_ids": running, "waiting_for_port": [], "wait_s": self.poll_wait_s}
             started = time.perf_counter()
             try:
-                answer = await node.client.post(
-                    f"/nodes/{node.node_id}/poll", json=body, headers=node.headers
-                )
-                answer.raise_for_status()
-            except httpx.HTTPError:
+                answer = await node.polling.post(f"/nodes/{node.node_id}/poll", body, node.headers)
+            except ConnectionLost:
+                answer = None
+            if answer is None or answer.status != 200:
                 self.latencies.failed("poll")
                 await asyncio.sleep(1.0)
                 continue
@@ -163,18 +181,17 @@ class Fleet:
                 # Sent again when the connection failed, as a worker does:
                 # the server takes a report it already has as done.
                 try:
-                    answer = await node.client.post(
-                        f"/parts/{part_id}/{route}", json=body, headers=node.headers
-                    )
-                    answer.raise_for_status()
-                    self.latencies.add(route, time.perf_counter() - started)
-                    break
-                except httpx.TransportError:
+                    path = f"/parts/{part_id}/{route}"
+                    answer = await node.polling.post(path, body, node.headers)
+                except ConnectionLost:
                     if attempt == 4:
                         self.latencies.failed(route)
-                except httpx.HTTPStatusError:
+                    continue
+                if answer.status == 200:
+                    self.latencies.add(route, time.perf_counter() - started)
+                else:
                     self.latencies.failed(route)
-                    break
+                break
         node.parts_done += 1
 
     async def _beat_forever(self, node: SimulatedNode, offset_s: float) -> None:
@@ -186,14 +203,14 @@ class Fleet:
                 await asyncio.sleep(self.heartbeat_interval_s)
                 continue
             try:
-                answer = await node.client.post(
-                    f"/nodes/{node.node_id}/heartbeat",
-                    json={"active_part_ids": []},
-                    headers=node.headers,
+                answer = await node.beating.post(
+                    f"/nodes/{node.node_id}/heartbeat", {"active_part_ids": []}, node.headers
                 )
-                answer.raise_for_status()
+            except ConnectionLost:
+                answer = None
+            if answer is not None and answer.status == 200:
                 self.latencies.add("heartbeat", time.perf_counter() - started)
-            except httpx.HTTPError:
+            else:
                 self.latencies.failed("heartbeat")
             elapsed = time.perf_counter() - started
             await asyncio.sleep(max(0.0, self.heartbeat_interval_s - elapsed))

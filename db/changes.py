@@ -46,20 +46,44 @@ LEASE_SILENCE_S = 10.0
 
 
 @dataclass(frozen=True)
+class Wake:
+    """Which long-polls a committed write is news for: those of the nodes
+    it gave, stopped or ended a part on, those waiting for a rendezvous
+    port (a port just known), or every one. A poll woken for nothing costs
+    a database read: with thousands of nodes polling, waking all of them
+    for each placement would cost more than the placements."""
+
+    nodes: frozenset[int] = frozenset()
+    port_waiters: bool = False
+    everyone: bool = False
+
+    def __bool__(self) -> bool:
+        return self.everyone or self.port_waiters or bool(self.nodes)
+
+
+EVERYONE = Wake(everyone=True)
+
+
+@dataclass(frozen=True)
 class Change:
     """One committed write transaction, as the other servers hear of it."""
 
     origin: str  # the server that committed it
     tables: frozenset[str]
-    wake: bool  # news for long-polls: something to start, stop or rendezvous
+    wake: Wake  # news for long-polls: something to start, stop or rendezvous
     nodes: tuple[int, ...]  # nodes whose credential or state changed
     everything: bool = False  # notes may have been missed: assume all changed
 
     def payload(self) -> str:
-        text = json.dumps(
-            {"o": self.origin, "t": sorted(self.tables), "w": self.wake, "n": list(self.nodes)},
-            separators=(",", ":"),
-        )
+        note = {
+            "o": self.origin,
+            "t": sorted(self.tables),
+            "w": sorted(self.wake.nodes),
+            "p": self.wake.port_waiters,
+            "a": self.wake.everyone,
+            "n": list(self.nodes),
+        }
+        text = json.dumps(note, separators=(",", ":"))
         if len(text.encode()) <= MAX_PAYLOAD_BYTES:
             return text
         return json.dumps({"o": self.origin, "e": True}, separators=(",", ":"))
@@ -72,13 +96,17 @@ class Change:
         return cls(
             origin=str(data["o"]),
             tables=frozenset(str(t) for t in data.get("t", ())),
-            wake=bool(data.get("w")),
+            wake=Wake(
+                nodes=frozenset(int(n) for n in data.get("w", ())),
+                port_waiters=bool(data.get("p")),
+                everyone=bool(data.get("a")),
+            ),
             nodes=tuple(int(n) for n in data.get("n", ())),
         )
 
     @classmethod
     def all_of(cls, origin: str) -> Change:
-        return cls(origin=origin, tables=frozenset(), wake=True, nodes=(), everything=True)
+        return cls(origin=origin, tables=frozenset(), wake=EVERYONE, nodes=(), everything=True)
 
 
 def libpq_url(url: str) -> str:

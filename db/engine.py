@@ -13,7 +13,16 @@ from sqlalchemy.engine import make_url
 from sqlmodel import Session, create_engine
 
 from db import migrate, models
-from db.changes import CHANNEL, LEASE_SILENCE_S, Change, Listener, SweepLease, new_origin
+from db.changes import (
+    CHANNEL,
+    EVERYONE,
+    LEASE_SILENCE_S,
+    Change,
+    Listener,
+    SweepLease,
+    Wake,
+    new_origin,
+)
 
 # A writer waits this long for SQLite's single write lock before giving up.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -31,9 +40,11 @@ class Database:
     claim can never be overtaken between its read and its write.
     """
 
-    def __init__(self, url: str, wakes: Callable[[Sequence[object]], bool] = bool) -> None:
-        """``wakes`` tells from the rows a write changed whether it is news
-        for long-polls (other servers hear it as :attr:`Change.wake`)."""
+    def __init__(
+        self, url: str, wakes: Callable[[Sequence[object]], Wake] = lambda rows: EVERYONE
+    ) -> None:
+        """``wakes`` tells from the rows a write changed which long-polls it
+        is news for (other servers hear it as :attr:`Change.wake`)."""
         self.url = url
         self.origin = new_origin()  # this server, among those on the database
         self._wakes = wakes
@@ -185,16 +196,27 @@ def _node_identity_changed(row: object) -> bool:
     return bool(attrs.credential_digest.history.has_changes() or attrs.state.history.has_changes())
 
 
+# Connections kept open. Requests read from the server's thread pool (40
+# threads): a connection beyond the pool is opened and closed around each
+# use, which under load costs more than the read (SQLite: the file and its
+# pragmas; PostgreSQL: a login). PostgreSQL's default of 100 connections
+# leaves room for two servers at their most and their listeners.
+SQLITE_POOL = {"pool_size": 40, "max_overflow": 10}
+POSTGRES_POOL = {"pool_size": 20, "max_overflow": 20}
+
+
 def _make_engine(url: str, is_sqlite: bool) -> Engine:
     if not is_sqlite:
-        return create_engine(url, pool_pre_ping=True)
+        return create_engine(url, pool_pre_ping=True, **POSTGRES_POOL)
 
     database = make_url(url).database
-    if database and database != ":memory:":
+    in_a_file = database is not None and database not in ("", ":memory:")
+    if database is not None and in_a_file:
         Path(database).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(
         url,
         connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+        **(SQLITE_POOL if in_a_file else {}),  # in memory: one connection a thread
     )
 
     @event.listens_for(engine, "connect")

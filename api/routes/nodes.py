@@ -17,6 +17,7 @@ from api.deps import (
     DatabaseDep,
     NodeId,
     NotifierDep,
+    QuietNodesDep,
     SettingsDep,
 )
 from api.lifecycle import NodeState
@@ -84,17 +85,22 @@ def revoke_node(node_id: NodeId, core: CoreDep, db: DatabaseDep) -> NodePublic:
 
 
 @endpoint(router, route_table.HEARTBEAT, response_model=HeartbeatResponse)
-def heartbeat(
+async def heartbeat(
     node_id: NodeId,
     request: HeartbeatRequest,
     core: CoreDep,
+    quiet: QuietNodesDep,
     caller_node: CallerNodeDep,
 ) -> HeartbeatResponse:
     """The node is alive (sent every ``heartbeat_interval_s`` by the worker's
     own thread, whatever its main loop is doing); answered at once with the
     parts it runs that it must stop."""
     acting_for(caller_node, node_id)
-    return HeartbeatResponse(stop=nodes_core.heartbeat(core, node_id, request.active_part_ids))
+    if quiet.still_quiet(node_id, request.active_part_ids):
+        core.sightings.saw(node_id)
+        return HeartbeatResponse(stop=[])
+    stop = await run_in_threadpool(nodes_core.heartbeat, core, node_id, request.active_part_ids)
+    return HeartbeatResponse(stop=stop)
 
 
 @endpoint(router, route_table.POLL, response_model=PollResponse)
@@ -104,6 +110,7 @@ async def poll(
     core: CoreDep,
     settings: SettingsDep,
     notifier: NotifierDep,
+    quiet: QuietNodesDep,
     caller_node: CallerNodeDep,
 ) -> PollResponse:
     """Heartbeat and ask for work. Held open up to ``wait_s`` (capped by the
@@ -111,12 +118,23 @@ async def poll(
     node at once without it hammering the server."""
     acting_for(caller_node, node_id)
     deadline = time.monotonic() + min(request.wait_s, settings.poll_wait_s)
+    running, waiting = request.active_part_ids, request.waiting_for_port
     while True:
-        event = notifier.current()
-        response = await run_in_threadpool(
-            nodes_core.poll_node, core, node_id, request.active_part_ids, request.waiting_for_port
-        )
+        event = notifier.current(node_id, waits_for_port=bool(waiting))
+        if not waiting and quiet.still_quiet(node_id, running):
+            core.sightings.saw(node_id)
+            response = PollResponse(start=[], stop=[], rendezvous=[])
+        else:
+            stamp = quiet.stamp(node_id)
+            response = await run_in_threadpool(
+                nodes_core.poll_node, core, node_id, running, waiting
+            )
+            if not (waiting or response.start or response.stop or response.rendezvous):
+                quiet.heard_nothing(node_id, stamp, running)
         remaining = deadline - time.monotonic()
         if response.start or response.stop or response.rendezvous or remaining <= 0:
             return response
-        await notifier.wait(event, remaining)
+        if not await notifier.wait(event, remaining):
+            # Every write that changes this answer wakes the poll (api/main.py,
+            # _wakes_polls): held for its whole wait unwoken, it still stands.
+            return response

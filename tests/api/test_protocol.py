@@ -487,3 +487,37 @@ def test_a_lost_parts_late_logs_and_progress_are_refused(tmp_path: Path) -> None
         assert client.get(f"/jobs/{job_id}/metrics").json()["points"] == []
         # Back from the partition, its heartbeat says to stop the part.
         assert beat(a, [part_id]) == [part_id]
+
+
+def test_a_quiet_nodes_remembered_answer_gives_way_to_news(client: httpx.Client) -> None:
+    """A node that heard "nothing" is answered from memory until news for
+    it (api/quiet_nodes.py): a part given to it, a cancel."""
+    a, b = ProtocolNode(client, "a"), ProtocolNode(client, "b")
+    assert a.poll()["start"] == [] and b.poll()["start"] == []  # both quiet now
+    job_id = submit(client)
+    given = {node.name: node.poll()["start"] for node in (a, b)}
+    runner = a if given["a"] else b
+    assert [s["job_id"] for s in given[runner.name]] == [job_id]
+    part_id = given[runner.name][0]["part_id"]
+    assert runner.poll([part_id]) == {"start": [], "stop": [], "rendezvous": []}
+    assert beat(runner, [part_id]) == []  # quiet, running its part
+    client.post(f"/jobs/{job_id}/cancel").raise_for_status()
+    assert beat(runner, [part_id]) == [part_id]
+    assert runner.poll([part_id])["stop"] == [part_id]
+
+
+def test_a_quiet_node_lost_while_idle_is_live_again_at_its_next_poll(tmp_path: Path) -> None:
+    with (
+        ThreadedServer(quick_loss_settings(tmp_path)) as server,
+        httpx.Client(base_url=server.url, timeout=10) as client,
+    ):
+        idle = ProtocolNode(client, "idle")
+        assert idle.poll()["start"] == []  # quiet: its next answer would come from memory
+
+        def state() -> str:
+            nodes = client.get("/nodes").raise_for_status().json()["data"]
+            return str(next(n["state"] for n in nodes if n["name"] == "idle"))
+
+        wait_for(lambda: state() == "lost", timeout_s=10, what="the silent node to be lost")
+        assert idle.poll()["start"] == []
+        assert state() == "live"

@@ -1,0 +1,50 @@
+"""Long-polls are woken for news of their own node only (api/notifier.py):
+with thousands of idle nodes polling, one placement wakes one poll."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from api.notifier import Notifier
+from db.changes import Wake
+
+
+def test_news_for_a_node_wakes_its_poll_and_no_other() -> None:
+    async def check() -> None:
+        notifier = Notifier()
+        notifier.bind(asyncio.get_running_loop())
+        one, two = notifier.current(1), notifier.current(2)
+        notifier.wake(Wake(nodes=frozenset({1})))
+        assert one.is_set() and not two.is_set()
+        assert not notifier.current(1).is_set()  # the next poll waits for the next news
+
+    asyncio.run(check())
+
+
+def test_a_known_port_wakes_the_polls_waiting_for_one() -> None:
+    async def check() -> None:
+        notifier = Notifier()
+        notifier.bind(asyncio.get_running_loop())
+        waiting, idle = notifier.current(1, waits_for_port=True), notifier.current(2)
+        notifier.wake(Wake(port_waiters=True))
+        assert waiting.is_set() and not idle.is_set()
+        again = notifier.current(1)  # this poll no longer waits for a port
+        notifier.wake(Wake(port_waiters=True))
+        assert not again.is_set()
+
+    asyncio.run(check())
+
+
+def test_a_change_that_may_have_been_missed_wakes_everyone_even_from_a_thread() -> None:
+    async def check() -> None:
+        notifier = Notifier()
+        notifier.bind(asyncio.get_running_loop())
+        events = [notifier.current(n) for n in range(5)]
+        thread = threading.Thread(target=notifier.wake, args=(Wake(everyone=True),))
+        thread.start()
+        thread.join()
+        assert all([await notifier.wait(e, 5.0) for e in events])
+        assert not await notifier.wait(notifier.current(0), 0.01)
+
+    asyncio.run(check())
