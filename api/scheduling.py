@@ -7,8 +7,9 @@ transaction, so a job is either placed on all of its machines or on none.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from api.schemas import JobSpec
 
@@ -90,8 +91,8 @@ def place_gang(spec: JobSpec, nodes: Sequence[NodeCapacity]) -> Placement | Pend
             waiting_for_slots=True,
         )
     # Spread load: the emptiest nodes first, then the oldest, for stable picks.
-    free.sort(key=lambda n: (-n.free_slots, n.node_id))
-    return Placement(tuple(n.node_id for n in free[:machines]))
+    chosen = heapq.nsmallest(machines, free, key=lambda n: (-n.free_slots, n.node_id))
+    return Placement(tuple(n.node_id for n in chosen))
 
 
 def plan(
@@ -103,21 +104,19 @@ def plan(
     jobs behind it wait too. Jobs that no current node could ever run (say,
     nccl with no GPU node) do not hold up the queue.
     """
-    free = {n.node_id: n.free_slots for n in nodes}
+    current = list(nodes)
+    index = {n.node_id: i for i, n in enumerate(current)}
     decisions: dict[int, Placement | Pending] = {}
     head: int | None = None
     for job_id, spec in queue:
         if head is not None:
             decisions[job_id] = Pending(f"queued behind job {head}", waiting_for_slots=True)
             continue
-        current = [
-            NodeCapacity(n.node_id, n.name, free[n.node_id], n.gpus, n.trainers, n.scripts)
-            for n in nodes
-        ]
         decision = place_gang(spec, current)
         if isinstance(decision, Placement):
             for node_id in decision.node_ids:
-                free[node_id] -= 1
+                taken = current[index[node_id]]
+                current[index[node_id]] = replace(taken, free_slots=taken.free_slots - 1)
         elif decision.waiting_for_slots:
             head = job_id
         decisions[job_id] = decision

@@ -43,6 +43,8 @@ from bench.fleet import Fleet, Latencies
 from cli.cluster import LocalCluster
 
 PLACED_JOBS = 1000
+# Measured from this long after the nodes start: each has polled once
+# (their first polls are spread over one wait) and been answered.
 WARM_S = 5.0
 
 
@@ -130,7 +132,7 @@ async def _measure(cluster: LocalCluster, case: Case, nodes: int, window_s: floa
         # One job no node can run (a trainer none offers): what dashboards watch.
         watched = await client.post(f"{urls[0]}/jobs", json={"trainer": "absent"})
         job_url = f"/jobs/{watched.raise_for_status().json()['id']}"
-        await asyncio.sleep(WARM_S)
+        await asyncio.sleep(fleet.poll_wait_s + WARM_S)
         fleet.latencies.clear()
         gets = Latencies()
         cpu0 = sum(sum(s.cpu_times()[:2]) for s in servers)

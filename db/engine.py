@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, event, inspect, text
 from sqlalchemy.engine import make_url
@@ -24,6 +24,10 @@ from db.changes import (
     new_origin,
 )
 
+T = TypeVar("T")
+# Where a session keeps its database and, in a write, the rows it wrote.
+_DATABASE = "ddpo.database"
+_WRITTEN = "ddpo.written"
 # A writer waits this long for SQLite's single write lock before giving up.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # PostgreSQL: the advisory lock every write transaction takes first, the
@@ -57,6 +61,13 @@ class Database:
         self._everything = 0
         self._writes_lock = threading.Lock()
         self._after_commit: list[Callable[[Sequence[object]], None]] = []
+        # This server's writers queue here, blocked, rather than at the
+        # database: SQLite's busy handler retries by sleeping, unfairly, and
+        # under a burst of writes one could wait out its busy timeout and
+        # fail; on PostgreSQL it keeps one connection, not every writer's,
+        # waiting for the write lock.
+        self._one_writer = threading.Lock()
+        self._memos: dict[str, tuple[tuple[int, ...], Any]] = {}
         self._listener: Listener | None = None
         self._lease: SweepLease | None = None
         self.is_sqlite = make_url(url).get_backend_name() == "sqlite"
@@ -116,6 +127,7 @@ class Database:
     @contextmanager
     def read(self) -> Iterator[Session]:
         with Session(self._read_engine, expire_on_commit=False) as session:
+            session.info[_DATABASE] = self
             yield session
 
     @contextmanager
@@ -133,22 +145,27 @@ class Database:
                 )
 
             event.listen(session, "before_flush", note)
-            with session.begin():
-                if not self.is_sqlite:
-                    # One writer at a time, across every server on the
-                    # database, as SQLite's BEGIN IMMEDIATE: a claim's read
-                    # and its write cannot be overtaken between them.
-                    session.execute(
-                        text("SELECT pg_advisory_xact_lock(:key)"), {"key": WRITE_LOCK_KEY}
-                    )
-                yield session
-                if not self.is_sqlite:
-                    session.flush()
-                    if rows:  # delivered at commit, to every other server listening
-                        self._announce(session, rows, nodes)
-        with self._writes_lock:
-            for table in {_table_of(row) for row in rows}:
-                self._writes[table] = self._writes.get(table, 0) + 1
+            session.info[_DATABASE] = self
+            session.info[_WRITTEN] = rows
+            with self._one_writer:
+                with session.begin():
+                    if not self.is_sqlite:
+                        # One writer at a time, across every server on the
+                        # database, as SQLite's BEGIN IMMEDIATE: a claim's read
+                        # and its write cannot be overtaken between them.
+                        session.execute(
+                            text("SELECT pg_advisory_xact_lock(:key)"), {"key": WRITE_LOCK_KEY}
+                        )
+                    yield session
+                    if not self.is_sqlite:
+                        session.flush()
+                        if rows:  # delivered at commit, to every other server listening
+                            self._announce(session, rows, nodes)
+                # Counted before the next writer begins: a memo it reads
+                # (see memoized) is never older than what it sees.
+                with self._writes_lock:
+                    for table in {_table_of(row) for row in rows}:
+                        self._writes[table] = self._writes.get(table, 0) + 1
         if rows:
             for callback in self._after_commit:
                 callback(rows)
@@ -180,6 +197,35 @@ class Database:
             self._lease.release()
             self._lease = None
         self.engine.dispose()
+
+
+def memoized(session: Session, name: str, tables: tuple[type, ...], compute: Callable[[], T]) -> T:
+    """What ``compute`` reads from ``tables`` in ``session``, computed again
+    only once a committed write has changed one of them: placement and a
+    submit's checks read every live node's row, which with thousands of
+    nodes cost more than the rest of the transaction, and nodes change far
+    more seldom than jobs. The value must not be changed by its users.
+
+    SQLite only, where this server is the only writer and counts each
+    write before the next begins (Database.write): a write here holds the
+    latest counts. Another server's write on PostgreSQL is heard a moment
+    after it commits, so there every call computes. A session that has
+    changed one of the tables itself computes too."""
+    database = session.info.get(_DATABASE)
+    if not isinstance(database, Database) or not database.is_sqlite:
+        return compute()
+    names = {_table_of(table) for table in tables}
+    touched = (*session.new, *session.dirty, *session.deleted, *session.info.get(_WRITTEN, ()))
+    if any(_table_of(row) in names for row in touched):
+        return compute()
+    counts = database.writes_to(tables)  # before computing: a later write moves them
+    memo = database._memos.get(name)
+    if memo is not None and memo[0] == counts:
+        value: T = memo[1]
+        return value
+    value = compute()
+    database._memos[name] = (counts, value)
+    return value
 
 
 def _table_of(row_or_model: object) -> str:

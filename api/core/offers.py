@@ -15,6 +15,8 @@ from api.core.errors import InvalidFields
 from api.schemas import JobSpec
 from api.schemas.public import ScriptPublic, TrainerPublic, TrainersPublic
 from db import queries
+from db.engine import memoized
+from db.models import Node
 
 # A submit reports this many refused parameters at most.
 MAX_REPORTED_ERRORS = 20
@@ -31,6 +33,10 @@ class _Variant:
 
 
 def _trainer_variants(session: Session) -> list[_Variant]:
+    return memoized(session, "trainer_variants", (Node,), lambda: _read_trainer_variants(session))
+
+
+def _read_trainer_variants(session: Session) -> list[_Variant]:
     variants: dict[tuple[str, str, str], _Variant] = {}
     for node, offers, _scripts in queries.live_node_offers(session=session):
         for offer in offers:

@@ -5,7 +5,7 @@ pure)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from sqlmodel import Session
@@ -14,6 +14,7 @@ from api.core.settlement import set_job_status
 from api.lifecycle import JobStatus
 from api.scheduling import NodeCapacity, Pending, Placement, plan
 from db import queries
+from db.engine import memoized
 from db.models import Job, Node, utcnow
 
 log = logging.getLogger(__name__)
@@ -46,17 +47,10 @@ def plan_and_start(session: Session) -> Outcome:
         return Outcome(False, next_due)
     busy = queries.active_part_counts(session=session)
     capacity = [
-        NodeCapacity(
-            node_id=node_id,
-            name=name,
-            free_slots=slots - busy.get(node_id, 0),
-            gpus=gpus,
-            trainers=frozenset(trainers),
-            scripts=scripts,
-        )
-        for node_id, name, slots, gpus, trainers, scripts in queries.live_node_capacities(
-            session=session
-        )
+        replace(node, free_slots=node.free_slots - busy[node.node_id])
+        if node.node_id in busy
+        else node
+        for node in memoized(session, "live_nodes", (Node,), lambda: _live_nodes(session))
     ]
     jobs = {j.id: j for j in queue if j.id is not None}
     # A study's jobs run one after another: each waits for the one before.
@@ -79,6 +73,16 @@ def plan_and_start(session: Session) -> Outcome:
             start(session, job, [chosen[i] for i in decision.node_ids], now)
             placed = True
     return Outcome(placed, next_due)
+
+
+def _live_nodes(session: Session) -> list[NodeCapacity]:
+    """Every live node, all its slots free."""
+    return [
+        NodeCapacity(node_id, name, slots, gpus, frozenset(trainers), scripts)
+        for node_id, name, slots, gpus, trainers, scripts in queries.live_node_capacities(
+            session=session
+        )
+    ]
 
 
 def start(session: Session, job: Job, nodes: list[Node], now: datetime) -> None:
