@@ -63,7 +63,7 @@ class SimulatedNode:
     node_id: int = 0
     credential: str = ""
     parts_done: int = 0
-    answered_at: float = float("-inf")  # its last poll's answer (perf_counter)
+    polled_at: float = float("-inf")  # its last poll sent, or answered (perf_counter)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -152,7 +152,7 @@ class Fleet:
         running: list[int] = []
         while True:
             body = {"active_part_ids": running, "waiting_for_port": [], "wait_s": self.poll_wait_s}
-            started = time.perf_counter()
+            started = node.polled_at = time.perf_counter()
             try:
                 answer = await node.polling.post(f"/nodes/{node.node_id}/poll", body, node.headers)
             except ConnectionLost:
@@ -161,8 +161,8 @@ class Fleet:
                 self.latencies.failed("poll")
                 await asyncio.sleep(1.0)
                 continue
-            node.answered_at = time.perf_counter()
-            took = node.answered_at - started
+            node.polled_at = time.perf_counter()
+            took = node.polled_at - started
             given = answer.json()
             if not given["start"] and not given["stop"]:
                 # Held for its wait, or answered at once: what it took beyond the wait.
@@ -198,8 +198,9 @@ class Fleet:
         await asyncio.sleep(offset_s)
         while True:
             started = time.perf_counter()
-            if started - node.answered_at < self.heartbeat_interval_s:
-                # As a worker's heartbeat thread: a poll just said the same.
+            if started - node.polled_at < self.heartbeat_interval_s:
+                # As a worker's heartbeat thread: a poll (answered, or held
+                # by the server now) just said the same.
                 await asyncio.sleep(self.heartbeat_interval_s)
                 continue
             try:

@@ -70,6 +70,7 @@ class Worker:
         # When a poll was last answered (monotonic): the heartbeat skips a
         # beat that would follow one within its interval.
         self._poll_answered_at = float("-inf")
+        self._poll_sent_at: float | None = None  # a poll in flight since then
         # Resolved at each registration: the route to the server may change.
         self.network: network.NodeAddress | None = None
         self.cpus = cores.usable_cpus(settings.cpus)
@@ -166,8 +167,15 @@ class Worker:
             interval_s=registered.heartbeat_interval_s,
             active_part_ids=lambda: sorted(self.parts),
             stop_parts=self._stop_given_away,
-            answered_at=lambda: self._poll_answered_at,
+            polled_at=self._polled_at,
         ).start()
+
+    def _polled_at(self) -> float:
+        """When the server last had a poll from this daemon: its last answer,
+        or the poll it holds now (the server counts a poll as a sign of life
+        when it takes it, not when it answers)."""
+        sent = self._poll_sent_at
+        return self._poll_answered_at if sent is None else max(sent, self._poll_answered_at)
 
     def _stop_given_away(self, part_ids: list[int]) -> None:
         """The heartbeat's answer: these parts are no longer this node's."""
@@ -256,6 +264,7 @@ class Worker:
             for part_id, p in self.parts.items()
             if p.assignment.machine_id > 0 and p.waits_for_port
         )
+        self._poll_sent_at = time.monotonic()
         try:
             response = self.client.poll(self.node_id, sorted(self.parts), waiting_for_port, wait)
         except NodeUnknown:
@@ -271,6 +280,8 @@ class Worker:
         except ServerUnavailable as exc:
             self.courier.unavailable(exc)
             return
+        finally:
+            self._poll_sent_at = None  # taken and answered, or not taken at all
         self._poll_answered_at = time.monotonic()
         self.courier.available()
         for assignment in response.start:

@@ -32,13 +32,14 @@ class Heartbeat:
         interval_s: float,
         active_part_ids: Callable[[], list[int]],
         stop_parts: Callable[[list[int]], None],
-        answered_at: Callable[[], float] = lambda: float("-inf"),
+        polled_at: Callable[[], float] = lambda: float("-inf"),
     ) -> None:
-        """``answered_at``: when (monotonic) the daemon last had an answer to
-        a poll; a beat within an interval of it would tell the server
-        nothing new (a poll is a sign of life too, and says what to stop),
-        so it is skipped: an idle node costs the server one request per
-        poll, not two."""
+        """``polled_at``: when (monotonic) the server last had a poll from the
+        daemon (one it answered, or the one it holds open now); a beat
+        within an interval of it would tell the server nothing new (a poll
+        is a sign of life too, and says what to stop), so it is skipped: an
+        idle node costs the server one request per poll, not two. A daemon
+        busy elsewhere (a launch, an upload) polls not, and beats."""
         # A beat never outlasts its period: a late answer is worth less than
         # the next beat.
         self._client = ServerClient(server_url, timeout_s=interval_s)
@@ -47,7 +48,7 @@ class Heartbeat:
         self._interval_s = interval_s
         self._active_part_ids = active_part_ids
         self._stop_parts = stop_parts
-        self._answered_at = answered_at
+        self._polled_at = polled_at
         self._closed = threading.Event()
         self._failing = False
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
@@ -63,7 +64,7 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._closed.wait(self._interval_s):
-            if time.monotonic() - self._answered_at() >= self._interval_s:
+            if time.monotonic() - self._polled_at() >= self._interval_s:
                 self.beat()
 
     def beat(self) -> None:

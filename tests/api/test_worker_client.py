@@ -57,7 +57,7 @@ def test_the_heartbeat_is_skipped_while_polls_are_answered(server: ThreadedServe
         interval_s=0.05,
         active_part_ids=list,
         stop_parts=lambda _: None,
-        answered_at=lambda: min(time.monotonic(), stuck["since"]),
+        polled_at=lambda: min(time.monotonic(), stuck["since"]),
     )
     try:
         before = heartbeats_served(server)

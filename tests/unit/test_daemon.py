@@ -6,6 +6,7 @@ directory with the launcher's own writers."""
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -331,3 +332,27 @@ def test_a_launcher_that_dies_without_an_outcome_is_reported_as_such(
     finish = finished(server)
     assert finish.reason is FailureReason.LAUNCHER_DIED
     assert "killed by SIGKILL" in finish.message
+
+
+def test_a_poll_the_server_holds_counts_as_contact_and_a_failed_one_does_not(
+    worker: Worker, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The heartbeat thread beats only when the server has had no poll from
+    the daemon for an interval (worker/heartbeat.py): a long-poll it holds
+    open is contact, a poll that never reached it is not."""
+    seen_while_held: list[float] = []
+    answer = server.poll
+
+    def held_poll(*args: Any) -> PollResponse:
+        seen_while_held.append(worker._polled_at())
+        return answer(*args)
+
+    before = time.monotonic()
+    monkeypatch.setattr(server, "poll", held_poll)
+    worker.step()
+    assert seen_while_held and seen_while_held[0] >= before  # held: contact since it was sent
+    answered = worker._polled_at()
+    assert answered >= seen_while_held[0]
+    server.down.add("poll")
+    worker.step()
+    assert worker._polled_at() == answered  # the failed poll is no contact
