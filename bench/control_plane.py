@@ -10,12 +10,14 @@ every node idle (long-polling and beating), the servers' CPU per 1,000
 nodes and the p50/p99 of polls beyond their wait, of heartbeats and of
 ``GET /jobs/{id}`` (10 a second, as dashboards ask); then placements a
 second: 1,000 single-machine jobs submitted at once, from the first submit
-until the last has succeeded (the nodes report each part started and
-finished at once). Finally, how many nodes the servers marked lost (every
-node kept beating: any is wrongly lost).
+until the last has succeeded, or those that did within 90 s (the
+nodes report each part started and finished at once). Finally, how many
+nodes the servers marked lost (every node kept polling: any is wrongly
+lost).
 
 The servers run with a large cluster's timing (``--heartbeat-timeout`` 30
-s, ``--poll-wait`` 10 s: a node asks twice every 10 s); the simulated
+s, ``--poll-wait`` 10 s: an idle node asks once every 10 s, its held poll
+standing for its heartbeat); the simulated
 nodes share this machine's cores with the servers (their own CPU is
 reported too). ``--postgres-url`` names a PostgreSQL server on which a new
 database is made for each case (and dropped after); without it, only
@@ -43,6 +45,9 @@ from bench.fleet import Fleet, Latencies
 from cli.cluster import LocalCluster
 
 PLACED_JOBS = 1000
+# Placements a second are counted over this long at most (the jobs that
+# succeeded by then), so a slow case does not hold the run for long.
+PLACEMENT_DEADLINE_S = 90.0
 # Measured from this long after the nodes start: each has polled once
 # (their first polls are spread over one wait) and been answered.
 WARM_S = 5.0
@@ -126,7 +131,6 @@ async def _measure(cluster: LocalCluster, case: Case, nodes: int, window_s: floa
     servers = [psutil.Process(p.process.pid) for p in cluster.replica_processes]
     fleet = Fleet(urls, nodes, cluster.tokens.join)
     registered_s = await fleet.register()
-    fleet.start()
     user = cluster.headers("user")
     async with httpx.AsyncClient(timeout=60, headers=user) as client:
         # One job no node can run (a trainer none offers): what dashboards watch.
@@ -157,7 +161,10 @@ async def _measure(cluster: LocalCluster, case: Case, nodes: int, window_s: floa
         beat_p99 = idle.percentile("heartbeat", 0.99)
         errors = sum(idle.errors.values()) + sum(gets.errors.values())
 
+        fleet.latencies.clear()
         placements_per_s = await _placements(client, urls)
+        if fleet.latencies.errors:
+            print(f"requests refused or lost while placing: {fleet.latencies.errors}", flush=True)
         lost = (await client.get(f"{urls[0]}/nodes", params={"state": "lost"})).json()["count"]
     await fleet.stop()
     return Figures(
@@ -179,12 +186,13 @@ async def _measure(cluster: LocalCluster, case: Case, nodes: int, window_s: floa
 
 async def _placements(client: httpx.AsyncClient, urls: list[str]) -> float:
     """1,000 single-machine jobs, 16 submits at a time across the servers:
-    jobs a second from the first submit until the last has succeeded."""
+    jobs a second from the first submit until the last has succeeded (or
+    those that succeeded within PLACEMENT_DEADLINE_S)."""
     started = time.perf_counter()
     queue = list(range(PLACED_JOBS))
 
     async def submitting(lane: int) -> None:
-        while queue:
+        while queue and time.perf_counter() - started < PLACEMENT_DEADLINE_S:
             index = queue.pop()
             for attempt in range(3):
                 try:
@@ -206,14 +214,16 @@ async def _placements(client: httpx.AsyncClient, urls: list[str]) -> float:
         page = await client.get(f"{urls[0]}/jobs", params={"status": "succeeded", "limit": 1})
         if page.json()["count"] >= PLACED_JOBS:
             return PLACED_JOBS / (time.perf_counter() - started)
-        if time.perf_counter() - started > 300:
+        elapsed = time.perf_counter() - started
+        if elapsed > PLACEMENT_DEADLINE_S:
             counts = {
                 status: (
                     await client.get(f"{urls[0]}/jobs", params={"status": status, "limit": 1})
                 ).json()["count"]
                 for status in ("queued", "running", "succeeded", "failed")
             }
-            raise TimeoutError(f"1,000 jobs did not all succeed within 5 minutes: {counts}")
+            print(f"after {elapsed:.0f} s, of {PLACED_JOBS} jobs: {counts}", flush=True)
+            return counts["succeeded"] / elapsed
         await asyncio.sleep(0.2)
 
 

@@ -91,7 +91,12 @@ class Fleet:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def register(self, concurrency: int = 32) -> float:
-        """Register every node (``concurrency`` at a time); the seconds it took."""
+        """Register every node (``concurrency`` at a time); the seconds it
+        took. Each node polls and beats as soon as it has registered, as a
+        worker does (with thousands of nodes, the first would otherwise be
+        silent past their timeout before the last had joined), until
+        :meth:`stop`."""
+        loop = asyncio.get_running_loop()
         queue: asyncio.Queue[SimulatedNode] = asyncio.Queue()
         for node in self.nodes:
             queue.put_nowait(node)
@@ -120,21 +125,12 @@ class Fleet:
                 node.node_id, node.credential = registered["node_id"], registered["credential"]
                 self.poll_wait_s = registered["poll_wait_s"]
                 self.heartbeat_interval_s = registered["heartbeat_interval_s"]
+                self._tasks.append(loop.create_task(self._poll_forever(node)))
+                self._tasks.append(loop.create_task(self._beat_forever(node)))
 
         async with registering:
             await asyncio.gather(*(one_by_one() for _ in range(concurrency)))
         return time.perf_counter() - started
-
-    def start(self) -> None:
-        """Every node polls and beats from now on, until :meth:`stop`."""
-        loop = asyncio.get_running_loop()
-        for index, node in enumerate(self.nodes):
-            # Spread the nodes' polls over the wait and their beats over the
-            # interval, as nodes that joined over time would be.
-            share = index / len(self.nodes)
-            self._tasks.append(loop.create_task(self._poll_forever(node, share * self.poll_wait_s)))
-            beat_offset = share * self.heartbeat_interval_s
-            self._tasks.append(loop.create_task(self._beat_forever(node, beat_offset)))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -147,8 +143,7 @@ class Fleet:
             await node.polling.close()
             await node.beating.close()
 
-    async def _poll_forever(self, node: SimulatedNode, offset_s: float) -> None:
-        await asyncio.sleep(offset_s)
+    async def _poll_forever(self, node: SimulatedNode) -> None:
         running: list[int] = []
         while True:
             body = {"active_part_ids": running, "waiting_for_port": [], "wait_s": self.poll_wait_s}
@@ -177,25 +172,28 @@ class Fleet:
             ("finish", {"node_id": node.node_id, "status": "succeeded", "exit_code": 0}),
         ):
             started = time.perf_counter()
-            for attempt in range(5):
+            for _attempt in range(30):
                 # Sent again when the connection failed, as a worker does:
                 # the server takes a report it already has as done.
                 try:
                     path = f"/parts/{part_id}/{route}"
                     answer = await node.polling.post(path, body, node.headers)
                 except ConnectionLost:
-                    if attempt == 4:
-                        self.latencies.failed(route)
                     continue
                 if answer.status == 200:
                     self.latencies.add(route, time.perf_counter() - started)
-                else:
-                    self.latencies.failed(route)
+                    break
+                if answer.status == 429 or answer.status >= 500:
+                    # Busy: sent again after a while, as a worker's courier does.
+                    await asyncio.sleep(float(answer.headers.get("retry-after", "1")))
+                    continue
+                self.latencies.failed(route)
                 break
+            else:
+                self.latencies.failed(route)
         node.parts_done += 1
 
-    async def _beat_forever(self, node: SimulatedNode, offset_s: float) -> None:
-        await asyncio.sleep(offset_s)
+    async def _beat_forever(self, node: SimulatedNode) -> None:
         while True:
             started = time.perf_counter()
             if started - node.polled_at < self.heartbeat_interval_s:
@@ -221,7 +219,6 @@ async def _run(urls: list[str], nodes: int, join_token: str | None, seconds: flo
     fleet = Fleet(urls, nodes, join_token)
     took = await fleet.register()
     print(f"registered {nodes} nodes in {took:.1f} s ({nodes / took:.0f}/s)")
-    fleet.start()
     await asyncio.sleep(seconds)
     for kind in ("poll", "heartbeat"):
         p50, p99 = fleet.latencies.percentile(kind, 0.5), fleet.latencies.percentile(kind, 0.99)
