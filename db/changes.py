@@ -214,6 +214,14 @@ class SweepLease:
     def release(self) -> None:
         if self._connection is not None:
             try:
+                if self._holds:
+                    # Unlocked before the connection closes: the backend drops a
+                    # closed connection's locks only once its process has ended,
+                    # a moment later, and the next server's try may come first.
+                    self._connection.execute("SELECT pg_advisory_unlock(%s)", (SWEEP_LOCK_KEY,))
+            except Exception:  # a broken connection: closing it frees the lock
+                log.debug("unlocking the sweep lease failed", exc_info=True)
+            try:
                 self._connection.close()
             except Exception:  # closing a broken connection
                 log.debug("closing the sweep lease's connection failed", exc_info=True)
