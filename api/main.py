@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -22,7 +21,7 @@ from api import route_table
 from api.auth import AuthMiddleware, TokenBook
 from api.core.clock import tick, write_sightings
 from api.core.context import Core
-from api.core.errors import DomainError, InvalidFields
+from api.core.errors import DomainError
 from api.core.retention import prune
 from api.deps import refuse_unknown_query
 from api.head import HeadAsGet
@@ -30,9 +29,11 @@ from api.host_check import HostCheck, OriginCheck, allowed_hosts
 from api.lifecycle import IllegalTransition, PartStatus
 from api.limits import BodyLimitMiddleware
 from api.monitoring import LatencyMiddleware, make_registry
+from api.node_lane import NodeLane
 from api.notifier import Notifier
 from api.quiet_nodes import QuietNodes
 from api.read_cache import ReadCache, ReadCacheMiddleware
+from api.refusals import refusal, text
 from api.routes import (
     dashboard,
     health,
@@ -148,7 +149,16 @@ class _Orchestrator(FastAPI):
         cached = ReadCacheMiddleware(
             super().build_middleware_stack(), self.state.read_cache, self.state.latency
         )
-        capped = BodyLimitMiddleware(HeadAsGet(cached), settings.max_body_kb * 1024, _uploads)
+        # Polls and heartbeats, most of a large cluster's requests, are
+        # answered before routing too, once their caller and size are checked.
+        lane = NodeLane(
+            HeadAsGet(cached),
+            self.state.core,
+            self.state.notifier,
+            self.state.quiet_nodes,
+            self.state.latency,
+        )
+        capped = BodyLimitMiddleware(lane, settings.max_body_kb * 1024, _uploads)
         guarded: ASGIApp = AuthMiddleware(
             capped, self.state.tokens, saw=self.state.core.sightings.saw
         )
@@ -279,16 +289,11 @@ def _echoable(error: Any, msg: str) -> dict[str, Any]:
     surrogate), and the client has it anyway."""
     ctx = error.get("ctx")
     return {
-        "type": _text(error.get("type", "")),
-        "loc": [part if isinstance(part, int) else _text(part) for part in error.get("loc", ())],
-        "msg": _text(msg),
-        **({"ctx": {_text(k): _text(v) for k, v in ctx.items()}} if ctx else {}),
+        "type": text(error.get("type", "")),
+        "loc": [part if isinstance(part, int) else text(part) for part in error.get("loc", ())],
+        "msg": text(msg),
+        **({"ctx": {text(k): text(v) for k, v in ctx.items()}} if ctx else {}),
     }
-
-
-def _text(value: object) -> str:
-    """``value`` as a string any JSON encoder takes (lone surrogates escaped)."""
-    return str(value).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 async def _illegal_transition(request: Request, exc: Exception) -> JSONResponse:
@@ -298,19 +303,7 @@ async def _illegal_transition(request: Request, exc: Exception) -> JSONResponse:
 async def _refused(request: Request, exc: Exception) -> JSONResponse:
     """The domain's refusals (api/core/errors.py), answered with their status."""
     assert isinstance(exc, DomainError)
-    if isinstance(exc, InvalidFields):
-        detail = [
-            {
-                "type": "value_error",
-                "loc": ["body", *loc],
-                "msg": _text(f"{'.'.join(str(part) for part in loc)}: {msg}"),
-            }
-            for loc, msg in exc.errors
-        ]
-        return JSONResponse(status_code=exc.status, content={"detail": detail})
-    wait_s = getattr(exc, "retry_after_s", None)
-    headers = {"Retry-After": str(max(1, math.ceil(wait_s)))} if wait_s is not None else None
-    return JSONResponse(status_code=exc.status, content={"detail": str(exc)}, headers=headers)
+    return refusal(exc)
 
 
 def redacted(url: str) -> str:

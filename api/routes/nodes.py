@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
-from starlette.concurrency import run_in_threadpool
 
 from api import route_table, views
 from api.auth import acting_for
@@ -21,6 +19,7 @@ from api.deps import (
     SettingsDep,
 )
 from api.lifecycle import NodeState
+from api.node_answers import answer_heartbeat, answer_poll
 from api.routes import endpoint
 from api.schemas import (
     DB_INT_MAX,
@@ -96,11 +95,7 @@ async def heartbeat(
     own thread, whatever its main loop is doing); answered at once with the
     parts it runs that it must stop."""
     acting_for(caller_node, node_id)
-    if quiet.still_quiet(node_id, request.active_part_ids):
-        core.sightings.saw(node_id)
-        return HeartbeatResponse(stop=[])
-    stop = await run_in_threadpool(nodes_core.heartbeat, core, node_id, request.active_part_ids)
-    return HeartbeatResponse(stop=stop)
+    return await answer_heartbeat(core, quiet, node_id, request)
 
 
 @endpoint(router, route_table.POLL, response_model=PollResponse)
@@ -108,7 +103,6 @@ async def poll(
     node_id: NodeId,
     request: PollRequest,
     core: CoreDep,
-    settings: SettingsDep,
     notifier: NotifierDep,
     quiet: QuietNodesDep,
     caller_node: CallerNodeDep,
@@ -117,24 +111,4 @@ async def poll(
     server) until there is something to start or stop, so news reaches the
     node at once without it hammering the server."""
     acting_for(caller_node, node_id)
-    deadline = time.monotonic() + min(request.wait_s, settings.poll_wait_s)
-    running, waiting = request.active_part_ids, request.waiting_for_port
-    while True:
-        event = notifier.current(node_id, waits_for_port=bool(waiting))
-        if not waiting and quiet.still_quiet(node_id, running):
-            core.sightings.saw(node_id)
-            response = PollResponse(start=[], stop=[], rendezvous=[])
-        else:
-            stamp = quiet.stamp(node_id)
-            response = await run_in_threadpool(
-                nodes_core.poll_node, core, node_id, running, waiting
-            )
-            if not (waiting or response.start or response.stop or response.rendezvous):
-                quiet.heard_nothing(node_id, stamp, running)
-        remaining = deadline - time.monotonic()
-        if response.start or response.stop or response.rendezvous or remaining <= 0:
-            return response
-        if not await notifier.wait(event, remaining):
-            # Every write that changes this answer wakes the poll (api/main.py,
-            # _wakes_polls): held for its whole wait unwoken, it still stands.
-            return response
+    return await answer_poll(core, notifier, quiet, node_id, request)
