@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, event, inspect, text
+from sqlalchemy import Engine, bindparam, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlmodel import Session, create_engine
 
@@ -160,6 +160,7 @@ class Database:
                     if not self.is_sqlite:
                         session.flush()
                         if rows:  # delivered at commit, to every other server listening
+                            _count_changes(session, {_table_of(row) for row in rows})
                             self._announce(session, rows, nodes)
                 # Counted before the next writer begins: a memo it reads
                 # (see memoized) is never older than what it sees.
@@ -206,19 +207,21 @@ def memoized(session: Session, name: str, tables: tuple[type, ...], compute: Cal
     nodes cost more than the rest of the transaction, and nodes change far
     more seldom than jobs. The value must not be changed by its users.
 
-    SQLite only, where this server is the only writer and counts each
-    write before the next begins (Database.write): a write here holds the
-    latest counts. Another server's write on PostgreSQL is heard a moment
-    after it commits, so there every call computes. A session that has
-    changed one of the tables itself computes too."""
+    How it knows: on SQLite, where this server is the only writer and
+    counts each write before the next begins (Database.write), from those
+    counts; on PostgreSQL, from the change_count table, read in the
+    session's own snapshot (another server's note arrives a moment after
+    its commit, too late to go by). A session that has changed one of the
+    tables itself computes."""
     database = session.info.get(_DATABASE)
-    if not isinstance(database, Database) or not database.is_sqlite:
+    if not isinstance(database, Database):
         return compute()
-    names = {_table_of(table) for table in tables}
+    names = tuple(_table_of(table) for table in tables)
     touched = (*session.new, *session.dirty, *session.deleted, *session.info.get(_WRITTEN, ()))
     if any(_table_of(row) in names for row in touched):
         return compute()
-    counts = database.writes_to(tables)  # before computing: a later write moves them
+    # Read before computing: a later write moves them.
+    counts = database.writes_to(tables) if database.is_sqlite else _changes_seen(session, names)
     memo = database._memos.get(name)
     if memo is not None and memo[0] == counts:
         value: T = memo[1]
@@ -226,6 +229,27 @@ def memoized(session: Session, name: str, tables: tuple[type, ...], compute: Cal
     value = compute()
     database._memos[name] = (counts, value)
     return value
+
+
+def _count_changes(session: Session, tables: set[str]) -> None:
+    """PostgreSQL: one more committed change to each of these tables, in
+    the transaction that makes it (so it commits, or not, with it)."""
+    session.execute(
+        text(
+            "INSERT INTO change_count (table_name, count) VALUES (:table_name, 1) "
+            "ON CONFLICT (table_name) DO UPDATE SET count = change_count.count + 1"
+        ),
+        [{"table_name": table} for table in sorted(tables)],
+    )
+
+
+def _changes_seen(session: Session, tables: tuple[str, ...]) -> tuple[int, ...]:
+    """The change counts of these tables as ``session`` sees them."""
+    statement = text(
+        "SELECT table_name, count FROM change_count WHERE table_name IN :tables"
+    ).bindparams(bindparam("tables", expanding=True))
+    counted = {row[0]: row[1] for row in session.execute(statement, {"tables": list(tables)})}
+    return tuple(int(counted.get(table, 0)) for table in tables)
 
 
 def _table_of(row_or_model: object) -> str:

@@ -193,6 +193,20 @@ class LogRow(SQLModel, table=True):
     at: datetime = Field(sa_type=UTCDateTime)
 
 
+class ChangeCount(SQLModel, table=True):
+    """How many committed write transactions changed each table (PostgreSQL:
+    bumped inside the writing transaction). A server reads it in the same
+    snapshot as a table it remembers (db/engine.py, memoized), so it knows
+    whether another server has changed that table since, without waiting
+    for that server's note. On SQLite, where one server is the only writer,
+    it counts in memory instead and this table stays empty."""
+
+    __tablename__ = "change_count"
+
+    table_name: str = Field(primary_key=True)
+    count: int = 0
+
+
 # Every integer column holds 64 bits: SQLite's INTEGER does; PostgreSQL's is
 # 32, so there it is BIGINT (the wire schemas allow up to DB_INT_MAX). SQLite
 # keeps INTEGER: its primary keys must be exactly that to be the row id.

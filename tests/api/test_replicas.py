@@ -220,3 +220,26 @@ def test_a_node_heard_only_by_the_server_that_does_not_sweep_stays_live(
                 )
                 time.sleep(settings.heartbeat_interval_s)  # a worker's beat period, not a wait
             assert sweeper.sweeping
+
+
+def test_placement_on_one_server_sees_a_node_that_joined_through_the_other_before_its_note(
+    tmp_path: Path,
+) -> None:
+    """A server remembers the live nodes between placements; a node that
+    joined through another server counts at once, whether or not the note
+    of it has arrived (here it never does: A's listener is stopped)."""
+    settings = make_settings(tmp_path, poll_wait_s=0.5, user_token=USER, join_token=JOIN)
+    with ThreadedServer(settings) as a:
+        a.server.config.app.state.db._listener.stop()  # A hears no other server from now on
+        other = settings.model_copy(update={"port": make_settings(tmp_path).port})
+        with (
+            ThreadedServer(other) as b,
+            httpx.Client(base_url=a.url, timeout=10) as on_a,
+            httpx.Client(base_url=b.url, timeout=10) as on_b,
+        ):
+            ProtocolNode(on_b, "first", JOIN)
+            submitted = on_a.post("/jobs", json={}, headers=bearer(USER)).raise_for_status()
+            assert submitted.json()["status"] == "running"  # on the only node, now busy
+            ProtocolNode(on_b, "second", JOIN)
+            submitted = on_a.post("/jobs", json={}, headers=bearer(USER)).raise_for_status()
+            assert submitted.json()["status"] == "running", submitted.json()["pending_reason"]
