@@ -171,7 +171,7 @@ class _Orchestrator(FastAPI):
             guarded = CORSMiddleware(
                 guarded,
                 allow_origins=settings.cors_origins,
-                allow_methods=["GET", "POST", "PUT"],
+                allow_methods=["GET", "POST", "PUT", "PATCH"],
                 allow_headers=["authorization", "content-type", "idempotency-key"],
             )
         return guarded

@@ -55,6 +55,7 @@ def job_public(
         name=job.name,
         status=job.status,
         pending_reason=job.pending_reason if job.status is JobStatus.QUEUED else None,
+        priority=job.priority,
         spec=job.spec,
         world_size=job.spec.topology.world_size,
         attempt=attempt.number if attempt else 0,

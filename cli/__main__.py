@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         commands.add_show,
         commands.add_logs,
         commands.add_cancel,
+        commands.add_priority,
         commands.add_nodes,
         commands.add_trainers,
         commands.add_dashboard,

@@ -1,4 +1,4 @@
-"""``ddpo submit | list | show | logs | cancel | nodes``: the server's API from
+"""``ddpo submit | list | show | logs | cancel | priority | nodes``: the server's API from
 a terminal. Human-readable by default, ``--json`` for scripts (the API's own
 JSON, unchanged)."""
 
@@ -164,6 +164,33 @@ def run_cancel(args: argparse.Namespace) -> int:
     else:
         job = JobPublic.model_validate(response.json())
         print(f"job {job.id} {job.status.value}")
+    return 0
+
+
+def add_priority(commands: Any) -> None:
+    parser = commands.add_parser(
+        "priority", help="change a queued job's priority (higher starts first)"
+    )
+    add_connection_arguments(parser)
+    parser.add_argument("job_id", type=int, help="the job's id")
+    parser.add_argument("priority", type=int, help="-1000 to 1000; the default is 0")
+    parser.set_defaults(run=run_priority)
+
+
+def run_priority(args: argparse.Namespace) -> int:
+    with client_for(args) as api:
+        response = api.request(
+            "PATCH",
+            f"/jobs/{args.job_id}",
+            f"change job {args.job_id}'s priority",
+            json={"priority": args.priority},
+        )
+    if args.json:
+        _print_json(response.json())
+    else:
+        job = JobPublic.model_validate(response.json())
+        why = f": {job.pending_reason}" if job.pending_reason else ""
+        print(shown(f"job {job.id}: priority {job.priority} ({job.status.value}{why})"))
     return 0
 
 

@@ -80,6 +80,13 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
         help="new attempts after a retryable failure, each from the last checkpoint",
     )
     group.add_argument(
+        "--priority",
+        type=int,
+        default=defaults.priority,
+        help="queued jobs of a higher priority start first (-1000 to 1000); "
+        "change it later with `ddpo priority`",
+    )
+    group.add_argument(
         "--max-run-seconds",
         type=float,
         default=None,
@@ -123,6 +130,7 @@ def spec_from_args(args: argparse.Namespace) -> dict[str, object]:
         "lr": args.lr,
         "seed": args.seed,
         "max_restarts": args.max_restarts,
+        "priority": args.priority,
     }
     if args.script is not None:
         spec["script"] = {"path": args.script, "args": args.script_args}

@@ -34,6 +34,7 @@ def insert_job(
     job = Job(
         spec=spec,
         name=name,
+        priority=spec.priority,
         study_id=study_id,
         study_index=study_index,
         idempotency_key=idempotency_key,

@@ -10,7 +10,7 @@ from api.core.context import Core
 from api.core.errors import Conflict, NotFound
 from api.core.placement import schedule
 from api.core.settlement import cancel
-from api.lifecycle import can_cancel, study_status
+from api.lifecycle import JobStatus, can_cancel, study_status
 from api.schemas import JobSpec, StudyCreate, Topology
 from db import queries
 from db.models import utcnow
@@ -53,6 +53,22 @@ def cancel_job(core: Core, job_id: int) -> None:
         if not can_cancel(job.status):
             raise Conflict(f"job {job_id} is already {job.status.value}")
         cancel(session, job, utcnow(), core.settings)
+
+
+def set_priority(core: Core, job_id: int, priority: int) -> None:
+    """A queued job's new priority: its place in the queue moves at once,
+    and if that puts it first where it fits, it starts."""
+    with core.db.write() as session:
+        job = lookup.job(session, job_id, for_update=True)
+        if job.status is not JobStatus.QUEUED:
+            raise Conflict(
+                f"priority: job {job_id} is {job.status.value}; only a queued job's "
+                "priority can change"
+            )
+        if job.priority != priority:
+            log.info("job %d: priority %d -> %d", job_id, job.priority, priority)
+            job.priority = priority
+            schedule(session)
 
 
 def submit_study(core: Core, create: StudyCreate) -> int:

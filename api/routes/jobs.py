@@ -31,6 +31,7 @@ from api.schemas import (
     JobPublic,
     JobSpec,
     JobsPublic,
+    JobUpdate,
     LogsPublic,
     MetricsPublic,
     documented,
@@ -117,6 +118,13 @@ def cancel_job(job_id: JobId, core: CoreDep, db: DatabaseDep) -> JobPublic:
     """Queued jobs end ``cancelled`` at once; running ones go ``cancelling``
     until every node has stopped its ranks."""
     jobs_core.cancel_job(core, job_id)
+    return views.read_job(db=db, job_id=job_id)
+
+
+@endpoint(router, route_table.UPDATE_JOB, response_model=JobPublic)
+def update_job(job_id: JobId, update: JobUpdate, core: CoreDep, db: DatabaseDep) -> JobPublic:
+    """Change a queued job's priority (higher first); 409 once it has started."""
+    jobs_core.set_priority(core, job_id, update.priority)
     return views.read_job(db=db, job_id=job_id)
 
 

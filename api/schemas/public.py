@@ -75,6 +75,9 @@ class JobPublic(BaseModel):
     name: str | None
     status: JobStatus
     pending_reason: str | None = Field(None, description="Why a queued job is not running")
+    priority: int = Field(
+        description="Its priority now (the spec's, unless changed since with PATCH /jobs/{id})"
+    )
     spec: JobSpec
     world_size: int
     attempt: int = Field(description="Attempt number, 0 before the first start")

@@ -126,6 +126,16 @@ class ScriptRef(Strict):
         return value
 
 
+# Priorities run from -PRIORITY_LIMIT to PRIORITY_LIMIT (0 unless said).
+PRIORITY_LIMIT = 1000
+
+
+class JobUpdate(Strict):
+    """What may change in a queued job."""
+
+    priority: int = Field(ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT, description="Higher first")
+
+
 class JobSpec(Strict):
     """What a user asks for. Immutable once submitted."""
 
@@ -170,6 +180,13 @@ class JobSpec(Strict):
         description="New attempts after a retryable failure (a lost node, a rank killed by a "
         "signal, rendezvous trouble), each resuming from the last whole checkpoint; failures "
         "of the training code itself are never retried (like torchrun's --max-restarts)",
+    )
+    priority: int = Field(
+        0,
+        ge=-PRIORITY_LIMIT,
+        le=PRIORITY_LIMIT,
+        description="Queued jobs of a higher priority are tried first; first in, first out "
+        "within a priority. Changeable while queued (PATCH /jobs/{id})",
     )
     max_run_seconds: float | None = Field(
         None,

@@ -7,7 +7,17 @@ import pytest
 
 from cli.__main__ import main
 
-TALKS_TO_A_SERVER = ["submit", "list", "show", "logs", "cancel", "nodes", "trainers", "study"]
+TALKS_TO_A_SERVER = [
+    "submit",
+    "list",
+    "show",
+    "logs",
+    "cancel",
+    "priority",
+    "nodes",
+    "trainers",
+    "study",
+]
 
 
 def help_of(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
