@@ -172,3 +172,15 @@ def study_status(jobs: Iterable[JobStatus]) -> JobStatus:
     if any(s is JobStatus.CANCELLED for s in statuses):
         return JobStatus.CANCELLED
     return JobStatus.FAILED
+
+
+class PendingCode(Named):
+    """Why a queued job is not running, as a program reads it."""
+
+    # Fewer live nodes have what it needs than it has machines.
+    NO_SUITABLE_NODES = "no_suitable_nodes"
+    WAITING_FOR_SLOTS = "waiting_for_slots"  # enough have, too few of them have a free slot
+    QUEUED_BEHIND = "queued_behind"  # a job ahead of it waits for slots (no backfill)
+    STUDY_ORDER = "study_order"  # the study's job before it has not ended
+    RETRY_BACKOFF = "retry_backoff"  # a restart waits out its backoff
+    STARTING = "starting"  # it fits now: placed at the server's next turn

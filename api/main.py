@@ -41,6 +41,7 @@ from api.routes import (
     nodes,
     parts,
     prometheus,
+    queue,
     reference,
     studies,
     trainers,
@@ -105,7 +106,15 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     )
     app.state.registry, app.state.latency = instruments.registry, instruments.latency
     app.add_middleware(LatencyMiddleware, latency=app.state.latency)
-    for router in (jobs.router, studies.router, nodes.router, parts.router, trainers.router):
+    routers = (
+        jobs.router,
+        queue.router,
+        studies.router,
+        nodes.router,
+        parts.router,
+        trainers.router,
+    )
+    for router in routers:
         app.include_router(router, dependencies=[Depends(refuse_unknown_query)])
     for router in (health.router, prometheus.router, dashboard.router, reference.router):
         app.include_router(router)

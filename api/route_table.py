@@ -54,6 +54,7 @@ LIST_JOBS = Route("GET", "/jobs", READ)
 GET_JOB = Route("GET", "/jobs/{job_id}", READ)
 CANCEL_JOB = Route("POST", "/jobs/{job_id}/cancel", WRITE)
 UPDATE_JOB = Route("PATCH", "/jobs/{job_id}", WRITE)
+QUEUE = Route("GET", "/queue", READ)
 JOB_METRICS = Route("GET", "/jobs/{job_id}/metrics", READ)
 JOB_LOGS = Route("GET", "/jobs/{job_id}/logs", READ)
 # Workers fetch the checkpoint a retry resumes from (of their own jobs).

@@ -11,6 +11,7 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from api.lifecycle import PendingCode
 from api.schemas import JobSpec
 
 
@@ -34,10 +35,22 @@ class Placement:
 
 @dataclass(frozen=True)
 class Pending:
+    code: PendingCode
     reason: str
-    # True when enough suitable nodes exist but are busy: the job is next in
-    # line, and jobs behind it wait so it is not starved by smaller ones.
-    waiting_for_slots: bool
+    # The numbers behind the reason: the nodes it needs (one free slot on
+    # each), the live nodes that have what it needs, those of them with a
+    # free slot now, and every live node.
+    nodes_needed: int = 0
+    nodes_suitable: int = 0
+    nodes_free: int = 0
+    nodes_live: int = 0
+    behind_job: int | None = None
+
+    @property
+    def waiting_for_slots(self) -> bool:
+        """Enough suitable nodes exist but are busy: the job is next in line,
+        and jobs behind it wait so it is not starved by smaller ones."""
+        return self.code in (PendingCode.WAITING_FOR_SLOTS, PendingCode.QUEUED_BEHIND)
 
 
 def _suits(node: NodeCapacity, spec: JobSpec) -> bool:
@@ -73,22 +86,46 @@ def _requirement(spec: JobSpec) -> str:
     return need
 
 
+def _suitable_and_free(
+    spec: JobSpec, nodes: Sequence[NodeCapacity]
+) -> tuple[list[NodeCapacity], list[NodeCapacity]]:
+    suitable = _same_script(spec, [n for n in nodes if _suits(n, spec)])
+    return suitable, [n for n in suitable if n.free_slots > 0]
+
+
+def _counts(
+    spec: JobSpec,
+    nodes: Sequence[NodeCapacity],
+    suitable: Sequence[NodeCapacity],
+    free: Sequence[NodeCapacity],
+) -> dict[str, int]:
+    """Pending's numbers: what the job needs against what there is now."""
+    return {
+        "nodes_needed": spec.topology.num_machines,
+        "nodes_suitable": len(suitable),
+        "nodes_free": len(free),
+        "nodes_live": len(nodes),
+    }
+
+
 def place_gang(spec: JobSpec, nodes: Sequence[NodeCapacity]) -> Placement | Pending:
     """M distinct suitable nodes with a free slot each, or why not."""
     machines = spec.topology.num_machines
-    suitable = _same_script(spec, [n for n in nodes if _suits(n, spec)])
+    suitable, free = _suitable_and_free(spec, nodes)
+    counts = _counts(spec, nodes, suitable, free)
     if len(suitable) < machines:
         return Pending(
+            PendingCode.NO_SUITABLE_NODES,
             f"needs {machines} live node(s) with {_requirement(spec)}; "
             f"{len(suitable)} of {len(nodes)} live node(s) qualify",
-            waiting_for_slots=False,
+            **counts,
         )
-    free = [n for n in suitable if n.free_slots > 0]
     if len(free) < machines:
         return Pending(
+            PendingCode.WAITING_FOR_SLOTS,
             f"waiting for {machines} free node(s); {len(free)} of {len(suitable)} "
             f"suitable node(s) have a free slot",
-            waiting_for_slots=True,
+            **counts,
         )
     # Spread load: the emptiest nodes first, then the oldest, for stable picks.
     chosen = heapq.nsmallest(machines, free, key=lambda n: (-n.free_slots, n.node_id))
@@ -110,7 +147,12 @@ def plan(
     head: int | None = None
     for job_id, spec in queue:
         if head is not None:
-            decisions[job_id] = Pending(f"queued behind job {head}", waiting_for_slots=True)
+            decisions[job_id] = Pending(
+                PendingCode.QUEUED_BEHIND,
+                f"queued behind job {head}",
+                behind_job=head,
+                **_counts(spec, current, *_suitable_and_free(spec, current)),
+            )
             continue
         decision = place_gang(spec, current)
         if isinstance(decision, Placement):

@@ -9,7 +9,9 @@ from datetime import datetime
 from sqlmodel import Session
 
 from api.core.errors import NotFound
-from api.lifecycle import JobStatus, NodeState, study_status
+from api.core.placement import free_capacity, survey_queue
+from api.lifecycle import JobStatus, NodeState, PendingCode, study_status
+from api.scheduling import Pending, Placement
 from api.schemas import JobSpec, public
 from db import queries
 from db.engine import Database
@@ -46,8 +48,10 @@ def job_public(
     attempts: list[Attempt],
     parts: list[tuple[Part, Node]],
     now: datetime,
+    queued: public.QueuedJobPublic | None = None,
 ) -> public.JobPublic:
-    """``attempts``: all of the job's, oldest first; ``parts``: the current one's."""
+    """``attempts``: all of the job's, oldest first; ``parts``: the current
+    one's; ``queued``: its place in the queue, while queued."""
     assert job.id is not None
     attempt = next((a for a in attempts if a.id == job.current_attempt_id), None)
     return public.JobPublic(
@@ -56,6 +60,8 @@ def job_public(
         status=job.status,
         pending_reason=job.pending_reason if job.status is JobStatus.QUEUED else None,
         priority=job.priority,
+        queue_position=queued.position if queued else None,
+        pending=queued.pending if queued else None,
         spec=job.spec,
         world_size=job.spec.topology.world_size,
         attempt=attempt.number if attempt else 0,
@@ -160,15 +166,66 @@ def _public_jobs(db_session: Session, jobs: list[Job]) -> list[public.JobPublic]
     for part, node in queries.parts_with_nodes(session=db_session, attempt_ids=attempt_ids):
         parts[part.attempt_id].append((part, node))
     now = utcnow()
+    places = (
+        {q.job_id: q for q in _queue(db_session, now).data}
+        if any(j.status is JobStatus.QUEUED for j in jobs)
+        else {}
+    )
     return [
         job_public(
             job,
             attempts.get(job.id or 0, []),
             parts.get(job.current_attempt_id, []) if job.current_attempt_id else [],
             now,
+            places.get(job.id or 0),
         )
         for job in jobs
     ]
+
+
+def read_queue(*, db: Database) -> public.QueuePublic:
+    with db.read() as session:
+        return _queue(session, utcnow())
+
+
+def _queue(session: Session, now: datetime) -> public.QueuePublic:
+    """Every queued job in the order placement tries them, with what it
+    makes of each now (api/core/placement.py, survey_queue)."""
+    survey = survey_queue(session, queries.queued_jobs(session=session, locking=False), now)
+    nodes = survey.nodes if survey.nodes is not None else free_capacity(session)
+    data = []
+    for position, job in enumerate(survey.jobs, start=1):
+        assert job.id is not None
+        decision = survey.decisions[job.id]
+        if isinstance(decision, Placement):  # it fits: the next turn of the clock starts it
+            decision = Pending(
+                PendingCode.STARTING,
+                "it fits now: it starts at the server's next turn",
+                nodes_needed=job.spec.topology.num_machines,
+            )
+        spec = job.spec
+        data.append(
+            public.QueuedJobPublic(
+                position=position,
+                job_id=job.id,
+                name=job.name,
+                priority=job.priority,
+                created_at=job.created_at,
+                needs=public.NeedsPublic(
+                    nodes=spec.topology.num_machines,
+                    gpus_per_node=spec.topology.num_processes if spec.backend == "nccl" else 0,
+                    trainer=None if spec.script else spec.trainer,
+                    script=spec.script.path if spec.script else None,
+                ),
+                pending=public.PendingPublic.model_validate(decision, from_attributes=True),
+            )
+        )
+    return public.QueuePublic(
+        data=data,
+        count=len(data),
+        nodes_live=len(nodes),
+        slots_free=sum(max(0, n.free_slots) for n in nodes),
+    )
 
 
 def read_job(*, db: Database, job_id: int) -> public.JobPublic:

@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         commands.add_logs,
         commands.add_cancel,
         commands.add_priority,
+        commands.add_queue,
         commands.add_nodes,
         commands.add_trainers,
         commands.add_dashboard,

@@ -1,4 +1,4 @@
-"""``ddpo submit | list | show | logs | cancel | priority | nodes``: the server's API from
+"""``ddpo submit | list | show | logs | cancel | priority | queue | nodes``: the server's API from
 a terminal. Human-readable by default, ``--json`` for scripts (the API's own
 JSON, unchanged)."""
 
@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 from api.lifecycle import JobStatus, NodeState
 from api.schemas import JobPublic, JobsPublic, LogLinePublic, LogsPublic, NodesPublic
-from api.schemas.public import TrainersPublic
+from api.schemas.public import QueuePublic, TrainersPublic
 from cli import render
 from cli.api import DEFAULT_SERVER, Api, CliError, riding_out_restarts, server_url, token_for
 from cli.jobs import add_spec_arguments, follow, spec_from_args, submit_once
@@ -164,6 +164,24 @@ def run_cancel(args: argparse.Namespace) -> int:
     else:
         job = JobPublic.model_validate(response.json())
         print(f"job {job.id} {job.status.value}")
+    return 0
+
+
+def add_queue(commands: Any) -> None:
+    parser = commands.add_parser(
+        "queue", help="queued jobs in the order they are tried, and why each waits"
+    )
+    add_connection_arguments(parser)
+    parser.set_defaults(run=run_queue)
+
+
+def run_queue(args: argparse.Namespace) -> int:
+    with client_for(args) as api:
+        data = api.get("/queue", "read the queue")
+    if args.json:
+        _print_json(data)
+    else:
+        print(render.queue_table(QueuePublic.model_validate(data)))
     return 0
 
 

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from typing import ParamSpec
 
 from api.schemas import JobPublic, JobsPublic, NodesPublic, StudyPublic
-from api.schemas.public import TrainersPublic
+from api.schemas.public import QueuePublic, TrainersPublic
 from cli.terminal import shown
 
 P = ParamSpec("P")
@@ -79,6 +79,24 @@ def jobs_table(jobs: JobsPublic) -> str:
         if job.pending_reason:
             lines.append(f"{'':>7}waiting: {job.pending_reason}")
     lines.append(f"({len(jobs.data)} of {jobs.count})")
+    return "\n".join(lines)
+
+
+@_for_terminal
+def queue_table(queue: QueuePublic) -> str:
+    lines = [f"{'pos':>4} {'job':>5} {'priority':>8} {'needs':<24} {'code':<18} reason"]
+    for entry in queue.data:
+        needs = entry.needs
+        what = needs.script or needs.trainer or ""
+        gpus = f", {needs.gpus_per_node} GPU" if needs.gpus_per_node else ""
+        wants = f"{needs.nodes} node(s){gpus}, {what}"
+        lines.append(
+            f"{entry.position:>4} {entry.job_id:>5} {entry.priority:>8} {wants:<24} "
+            f"{entry.pending.code.value:<18} {entry.pending.reason}"
+        )
+    lines.append(
+        f"({queue.count} queued; {queue.nodes_live} live node(s), {queue.slots_free} free slot(s))"
+    )
     return "\n".join(lines)
 
 

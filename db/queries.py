@@ -86,14 +86,17 @@ def list_jobs(
     return list(jobs), int(session.exec(counted).one())
 
 
-def queued_jobs(*, session: Session) -> list[Job]:
-    """Queued jobs in the order they should be considered."""
+def queued_jobs(*, session: Session, locking: bool = True) -> list[Job]:
+    """Queued jobs in the order they should be considered: higher priority
+    first, then first in, first out. ``locking`` (placement's) takes their
+    rows; a reader's look leaves them be (and sees every one)."""
     statement = (
         select(Job)
         .where(Job.status == JobStatus.QUEUED)
         .order_by(col(Job.priority).desc(), col(Job.created_at), col(Job.id))
-        .with_for_update(skip_locked=True)
     )
+    if locking:
+        statement = statement.with_for_update(skip_locked=True)
     return list(session.exec(statement).all())
 
 

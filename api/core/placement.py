@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from sqlmodel import Session
 
 from api.core.settlement import set_job_status
-from api.lifecycle import JobStatus
+from api.lifecycle import JobStatus, PendingCode
 from api.scheduling import NodeCapacity, Pending, Placement, plan
 from db import queries
 from db.engine import memoized
@@ -36,43 +36,85 @@ def schedule(session: Session) -> bool:
 
 def plan_and_start(session: Session) -> Outcome:
     now = utcnow()
-    queue = []
+    survey = survey_queue(session, queries.queued_jobs(session=session), now)
+    chosen = queries.get_nodes(
+        session=session,
+        node_ids={
+            node_id
+            for decision in survey.decisions.values()
+            if isinstance(decision, Placement)
+            for node_id in decision.node_ids
+        },
+    )
+    placed = False
+    for job in survey.jobs:
+        assert job.id is not None
+        decision = survey.decisions[job.id]
+        if isinstance(decision, Placement):
+            start(session, job, [chosen[i] for i in decision.node_ids], now)
+            placed = True
+        elif decision.code is not PendingCode.RETRY_BACKOFF:  # that one says which restart
+            job.pending_reason = decision.reason
+    return Outcome(placed, survey.next_due)
+
+
+@dataclass(frozen=True)
+class QueueSurvey:
+    """Every queued job in the order it is tried, and what placement makes
+    of each now."""
+
+    jobs: list[Job]
+    decisions: dict[int, Placement | Pending]
+    next_due: datetime | None
+    # The live nodes with their free slots now; None when no job was due
+    # (nothing to place: the nodes were not read).
+    nodes: list[NodeCapacity] | None
+
+
+def survey_queue(session: Session, jobs: list[Job], now: datetime) -> QueueSurvey:
+    """What placement decides for ``jobs`` (queued, in the order tried) now.
+    A pure plan (api/scheduling.py) over the nodes' free slots, after the
+    jobs that wait for a retry's backoff or for their study's job before."""
+    decisions: dict[int, Placement | Pending] = {}
+    due: dict[int, Job] = {}
     next_due: datetime | None = None
-    for j in queries.queued_jobs(session=session):
-        if j.not_before is None or j.not_before <= now:
-            queue.append(j)
-        elif next_due is None or j.not_before < next_due:
-            next_due = j.not_before
-    if not queue:
-        return Outcome(False, next_due)
+    for job in jobs:
+        assert job.id is not None
+        if job.not_before is None or job.not_before <= now:
+            due[job.id] = job
+            continue
+        decisions[job.id] = Pending(
+            PendingCode.RETRY_BACKOFF,
+            f"{job.pending_reason or 'a restart'}, once its backoff ends at "
+            f"{job.not_before.isoformat(timespec='seconds')}",
+        )
+        if next_due is None or job.not_before < next_due:
+            next_due = job.not_before
+    if not due:
+        return QueueSurvey(jobs, decisions, next_due, None)
+    nodes = free_capacity(session)
+    # A study's jobs run one after another: each waits for the one before.
+    for job_id, before in queries.study_predecessors(session=session, jobs=due.values()).items():
+        if not before.status.is_terminal():
+            del due[job_id]
+            decisions[job_id] = Pending(
+                PendingCode.STUDY_ORDER,
+                f"study {before.study_id}: waiting for job {before.id} to end",
+                behind_job=before.id,
+            )
+    decisions.update(plan([(job_id, j.spec) for job_id, j in due.items()], nodes))
+    return QueueSurvey(jobs, decisions, next_due, nodes)
+
+
+def free_capacity(session: Session) -> list[NodeCapacity]:
+    """Every live node, with the slots its active parts leave free."""
     busy = queries.active_part_counts(session=session)
-    capacity = [
+    return [
         replace(node, free_slots=node.free_slots - busy[node.node_id])
         if node.node_id in busy
         else node
         for node in memoized(session, "live_nodes", (Node,), lambda: _live_nodes(session))
     ]
-    jobs = {j.id: j for j in queue if j.id is not None}
-    # A study's jobs run one after another: each waits for the one before.
-    for job_id, before in queries.study_predecessors(session=session, jobs=queue).items():
-        if not before.status.is_terminal():
-            jobs.pop(
-                job_id
-            ).pending_reason = f"study {before.study_id}: waiting for job {before.id} to end"
-    decisions = plan([(job_id, j.spec) for job_id, j in jobs.items()], capacity)
-    chosen = queries.get_nodes(
-        session=session,
-        node_ids={i for d in decisions.values() if isinstance(d, Placement) for i in d.node_ids},
-    )
-    placed = False
-    for job_id, decision in decisions.items():
-        job = jobs[job_id]
-        if isinstance(decision, Pending):
-            job.pending_reason = decision.reason
-        elif isinstance(decision, Placement):
-            start(session, job, [chosen[i] for i in decision.node_ids], now)
-            placed = True
-    return Outcome(placed, next_due)
 
 
 def _live_nodes(session: Session) -> list[NodeCapacity]:

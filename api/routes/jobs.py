@@ -36,7 +36,7 @@ from api.schemas import (
     MetricsPublic,
     documented,
 )
-from db.models import Attempt, Job, LogRow, Part, ProgressRow
+from db.models import Attempt, Job, LogRow, Node, Part, ProgressRow
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=documented(400, 404, 409))
 
@@ -95,20 +95,20 @@ async def get_job(
     the event loop (a WAL-mode read takes well under a millisecond and never
     waits for writers; a thread hand-off would cost more than the read) and
     serialised once, without FastAPI re-checking the model it was built as."""
-    return _cached(request, cache, lambda: views.read_job(db=db, job_id=job_id), JOB_TABLES)
+    return cached_answer(request, cache, lambda: views.read_job(db=db, job_id=job_id), JOB_TABLES)
 
 
-def _cached(
+def cached_answer(
     request: Request, cache: ReadCache, read: Callable[[], BaseModel], tables: tuple[type, ...]
 ) -> Response:
     body = cached_json(request, cache, lambda: read().model_dump_json().encode(), tables)
     return Response(body, media_type="application/json")
 
 
-# What each cached answer is read from. Node rows are left out of the job's
-# on purpose: heartbeats write them every second, and the name and address a
-# job shows do not change (the cache's time limit covers a re-registration).
-JOB_TABLES = (Job, Attempt, Part)
+# What each cached answer is read from. Node rows count for a queued job's
+# place and pending numbers; heartbeats do not write them as changes (their
+# times are a bulk update once a sweep interval, db/queries.py, note_heard).
+JOB_TABLES = (Job, Attempt, Part, Node)
 METRICS_TABLES = (Job, ProgressRow)
 LOGS_TABLES = (Job, LogRow)
 
@@ -137,7 +137,7 @@ async def get_metrics(
     max_points: Annotated[int, Query(ge=2, le=10_000)] = 1000,
 ) -> Response:
     """Rank 0's loss and throughput reports for the current attempt."""
-    return _cached(
+    return cached_answer(
         request,
         cache,
         lambda: views.read_metrics(db=db, job_id=job_id, max_points=max_points),
@@ -188,7 +188,7 @@ async def get_logs(
         )
 
     if not follow:
-        return _cached(request, cache, read, LOGS_TABLES)
+        return cached_answer(request, cache, read, LOGS_TABLES)
     first = await run_in_threadpool(read)
 
     async def stream() -> AsyncIterator[str]:

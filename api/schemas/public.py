@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from api.lifecycle import JobStatus, NodeState, PartStatus
+from api.lifecycle import JobStatus, NodeState, PartStatus, PendingCode
 from api.schemas.spec import JobError, JobSpec, TrainResult
 
 
@@ -70,6 +70,48 @@ class AttemptPublic(BaseModel):
     error: JobError | None = Field(None, description="Why it ended, if it failed")
 
 
+class PendingPublic(BaseModel):
+    """Why a queued job is not running: a code, the numbers behind it, and
+    the sentence."""
+
+    code: PendingCode
+    reason: str
+    nodes_needed: int = Field(description="Live nodes it needs, one free slot on each")
+    nodes_suitable: int = Field(
+        description="Live nodes with what it needs (its trainer or script, GPUs for nccl)"
+    )
+    nodes_free: int = Field(description="Of those, the ones with a free slot now")
+    nodes_live: int = Field(description="Every live node")
+    behind_job: int | None = Field(
+        None, description="The job it waits for (queued_behind, study_order)"
+    )
+
+
+class NeedsPublic(BaseModel):
+    nodes: int
+    slots_per_node: int = 1
+    gpus_per_node: int = Field(description="For nccl, a GPU per process")
+    trainer: str | None = None
+    script: str | None = None
+
+
+class QueuedJobPublic(BaseModel):
+    position: int = Field(description="1 is tried first")
+    job_id: int
+    name: str | None
+    priority: int
+    created_at: datetime
+    needs: NeedsPublic
+    pending: PendingPublic
+
+
+class QueuePublic(BaseModel):
+    data: list[QueuedJobPublic] = Field(description="Every queued job, in the order tried")
+    count: int
+    nodes_live: int
+    slots_free: int = Field(description="Free slots on the live nodes, all together")
+
+
 class JobPublic(BaseModel):
     id: int
     name: str | None
@@ -78,6 +120,8 @@ class JobPublic(BaseModel):
     priority: int = Field(
         description="Its priority now (the spec's, unless changed since with PATCH /jobs/{id})"
     )
+    queue_position: int | None = Field(None, description="While queued: 1 is tried first")
+    pending: PendingPublic | None = Field(None, description="While queued: why, with numbers")
     spec: JobSpec
     world_size: int
     attempt: int = Field(description="Attempt number, 0 before the first start")

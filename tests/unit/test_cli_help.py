@@ -14,6 +14,7 @@ TALKS_TO_A_SERVER = [
     "logs",
     "cancel",
     "priority",
+    "queue",
     "nodes",
     "trainers",
     "study",

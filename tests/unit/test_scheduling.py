@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from api.lifecycle import PendingCode
 from api.scheduling import NodeCapacity, Pending, Placement, place_gang, plan
 from api.schemas import JobSpec
 
@@ -25,8 +26,9 @@ def test_a_gang_gets_distinct_nodes_one_per_machine_id() -> None:
 def test_never_a_partial_start() -> None:
     decision = place_gang(spec(3), [node(1), node(2), node(3, free=0)])
     assert isinstance(decision, Pending)
-    assert decision.waiting_for_slots
+    assert decision.waiting_for_slots and decision.code is PendingCode.WAITING_FOR_SLOTS
     assert "2 of 3" in decision.reason
+    assert (decision.nodes_needed, decision.nodes_suitable, decision.nodes_free) == (3, 3, 2)
 
 
 def test_one_node_is_never_given_two_machine_ids_of_a_job() -> None:
@@ -52,6 +54,8 @@ def test_nccl_needs_a_gpu_per_process_on_every_node() -> None:
 def test_nodes_without_the_trainer_are_not_used() -> None:
     decision = place_gang(spec(1, trainer="resnet"), [node(1)])
     assert isinstance(decision, Pending) and "resnet" in decision.reason
+    assert decision.code is PendingCode.NO_SUITABLE_NODES
+    assert (decision.nodes_needed, decision.nodes_suitable, decision.nodes_live) == (1, 0, 1)
     assert place_gang(
         spec(1, trainer="resnet"), [node(1), node(2, trainers=("resnet",))]
     ) == Placement((2,))
@@ -69,7 +73,16 @@ def test_jobs_behind_a_waiting_job_wait_too() -> None:
     """A big job next in line is not starved by small ones slipping past it."""
     decisions = plan([(1, spec(2)), (2, spec(1))], [node(1), node(2, free=0)])
     assert isinstance(decisions[1], Pending)
-    assert decisions[2] == Pending("queued behind job 1", waiting_for_slots=True)
+    assert decisions[2] == Pending(
+        PendingCode.QUEUED_BEHIND,
+        "queued behind job 1",
+        behind_job=1,
+        nodes_needed=1,
+        nodes_suitable=2,
+        nodes_free=1,
+        nodes_live=2,
+    )
+    assert decisions[2].waiting_for_slots
 
 
 def test_a_job_no_node_could_ever_run_does_not_block_the_queue() -> None:
