@@ -7,6 +7,7 @@ import logging
 import os
 import uuid
 from pathlib import Path
+from typing import BinaryIO
 
 from api.core import lookup
 from api.core.context import Core
@@ -96,3 +97,17 @@ def checkpoint_path(core: Core, job_id: int) -> tuple[Path, int]:
                 "of every epoch"
             )
         return _folder(core.settings, job_id) / job.checkpoint_file, job.checkpoint_epoch
+
+
+def open_checkpoint(core: Core, job_id: int) -> tuple[BinaryIO, int]:
+    """The job's newest checkpoint, opened (so that removing it from now on,
+    as retention does, cannot cut its download short), and its epoch."""
+    for _ in range(2):
+        # A newer checkpoint or retention may remove the file between the
+        # read and the open: read again, and say why if it is gone.
+        path, epoch = checkpoint_path(core, job_id)
+        try:
+            return path.open("rb"), epoch
+        except FileNotFoundError:
+            continue
+    raise NotFound(f"job {job_id}'s checkpoint of epoch {epoch} was just removed")

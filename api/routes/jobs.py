@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request
-from fastapi.responses import FileResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
@@ -217,17 +218,29 @@ async def get_logs(
 @endpoint(
     router,
     route_table.JOB_MODEL,
-    response_class=FileResponse,
+    response_class=StreamingResponse,
     responses={200: {"content": {"application/octet-stream": {}}}, **documented(403)},
 )
-def download_model(job_id: JobId, core: CoreDep, caller_node: CallerNodeDep) -> FileResponse:
+def download_model(job_id: JobId, core: CoreDep, caller_node: CallerNodeDep) -> StreamingResponse:
     """The newest checkpoint: ``torch.load(f)["model"]`` is the state_dict
     (after the last epoch of a succeeded job: the final model); it also holds
     the optimizer, epoch, step, spec and RNG state to resume from."""
     if caller_node is not None and not nodes_core.node_holds_job(core, caller_node, job_id):
         # A worker fetches only what its own parts resume from.
         raise HTTPException(403, f"job_id: node {caller_node} runs no part of job {job_id}")
-    path, epoch = artifacts.checkpoint_path(core, job_id)
-    return FileResponse(
-        path, media_type="application/octet-stream", filename=f"job-{job_id}-epoch-{epoch}.pt"
+    file, epoch = artifacts.open_checkpoint(core, job_id)
+    size = os.fstat(file.fileno()).st_size
+
+    def blocks() -> Iterator[bytes]:
+        with file:
+            while block := file.read(1 << 20):
+                yield block
+
+    return StreamingResponse(
+        blocks(),
+        media_type="application/octet-stream",
+        headers={
+            "content-length": str(size),
+            "content-disposition": f'attachment; filename="job-{job_id}-epoch-{epoch}.pt"',
+        },
     )

@@ -157,3 +157,21 @@ def test_a_part_uploads_one_checkpoint_at_a_time(
         ),
         what="a new upload taken",
     )
+
+
+def test_a_checkpoint_removed_as_it_is_asked_for_is_a_404_not_a_broken_answer(
+    small_quota: tuple[ThreadedServer, ProtocolNode, int],
+) -> None:
+    """Retention (or a newer checkpoint) may delete the file between the
+    server reading the job's row and opening it: the answer says it is gone."""
+    server, node, part_id = small_quota
+    assert upload_checkpoint(node, part_id, 1, b"epoch one")
+    job_id = node.client.get("/jobs").json()["data"][0]["id"]
+    served = node.client.get(f"/jobs/{job_id}/model")
+    assert served.status_code == 200 and served.content == b"epoch one"
+    assert served.headers["content-length"] == "9"
+    assert f"job-{job_id}-epoch-1.pt" in served.headers["content-disposition"]
+    (stored,) = (server.settings.artifacts_dir / f"job-{job_id}").iterdir()
+    stored.unlink()  # gone from disk, still named by the job's row
+    gone = node.client.get(f"/jobs/{job_id}/model")
+    assert gone.status_code == 404 and "was just removed" in gone.json()["detail"]
