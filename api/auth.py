@@ -3,6 +3,11 @@
 ``DDPO_JOIN_TOKEN``), kept only as SHA-256 digests and compared in
 constant time.
 
+People hold keys of their own (``POST /keys``, admins only): a name and
+a role each, kept as digests too, refused from the moment they are revoked.
+A request records who sent it (:attr:`Caller.name`): the owner of what it
+submits and the actor in the audit log.
+
 Worker daemons hold two secrets. The join token lets a machine register a
 new node, nothing else. Registering gives it a credential of its own, bound
 to that node (the server keeps its digest in the node's row): with it the
@@ -30,17 +35,25 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import route_table
-from api.credentials import NodeCredentials, digest
+from api.credentials import ApiKeys, KeyHolder, NodeCredentials, digest
 from api.raw_answers import send_problem
 from api.route_table import PUBLIC, Role
+from api.schemas.people import token_actor
 
 
 @dataclass(frozen=True)
 class Caller:
-    """Who sent a request: a role, and for a node credential, which node."""
+    """Who sent a request: a role; for a node credential, which node; for a
+    person's key, whose."""
 
     role: Role
     node_id: int | None = None
+    key: KeyHolder | None = None
+
+    @property
+    def name(self) -> str:
+        """The key's name, or token:<role> for a token from the environment."""
+        return self.key.name if self.key is not None else token_actor(self.role)
 
 
 def rule_for(method: str, template: str) -> frozenset[Role] | None:
@@ -56,18 +69,20 @@ class TokenBook:
         self,
         tokens: dict[Role, SecretStr | None],
         nodes: NodeCredentials | None = None,
-        look_up: Callable[[str], int | None] | None = None,
+        keys: ApiKeys | None = None,
+        look_up: Callable[[str], Caller | None] | None = None,
     ) -> None:
-        """``look_up`` finds the node a credential digest belongs to in the
+        """``look_up`` finds the node or key a digest belongs to in the
         database, for one this server has not heard of yet: with several
-        servers, a node registered through another may reach this one
-        before the note of it does."""
+        servers, a node registered (a key made) through another may reach
+        this one before the note of it does."""
         self._digests = [
             (role, bytes.fromhex(digest(token.get_secret_value())))
             for role, token in tokens.items()
             if token is not None and token.get_secret_value()
         ]
         self.nodes = nodes or NodeCredentials()
+        self.keys = keys or ApiKeys()
         self.look_up = look_up
 
     @property
@@ -89,20 +104,20 @@ class TokenBook:
         found = self._role_of(presented)
         if found is None and (node_id := self.nodes.node_of(presented)) is not None:
             found = Caller(Role.NODE, node_id)
+        if found is None and (holder := self.keys.holder_of(presented)) is not None:
+            found = Caller(holder.role, key=holder)
         return found
 
     def caller_in_database(self, authorization: str) -> Caller | None:
-        """A node credential :meth:`caller_of` did not know, looked up in
-        the database (blocking: call it from a thread)."""
+        """A node credential or key :meth:`caller_of` did not know, looked
+        up in the database (blocking: call it from a thread)."""
         token = authorization.partition(" ")[2].strip()
         if self.look_up is None or not token:
             return None
-        presented = digest(token)
-        # Not kept in memory: the note of the node (api/main.py, _heard)
-        # puts it there, and a revocation's note takes it out; one kept
-        # from here could outlive a revocation heard in between.
-        node_id = self.look_up(presented)
-        return None if node_id is None else Caller(Role.NODE, node_id)
+        # Not kept in memory: the note of the node or key (api/main.py,
+        # _heard) puts it there, and a revocation's note takes it out; one
+        # kept from here could outlive a revocation heard in between.
+        return self.look_up(digest(token))
 
     def _role_of(self, presented: str) -> Caller | None:
         presented_bytes = bytes.fromhex(presented)
@@ -170,6 +185,12 @@ class AuthMiddleware:
 
 # The request-state key the authenticated caller is kept under.
 CALLER = "ddpo_caller"
+
+
+def caller_of_request(state: dict[str, object]) -> Caller | None:
+    """Who sent the request; None when the server checks no tokens."""
+    caller = state.get(CALLER)
+    return caller if isinstance(caller, Caller) else None
 
 
 def caller_node(state: dict[str, object]) -> int | None:

@@ -1,11 +1,15 @@
-"""Node credentials: made at registration, kept by the server only as
-digests, looked up in memory by the auth layer. Pure: no HTTP, no database."""
+"""Node credentials (made at registration) and people's API keys (made by
+an admin): kept by the server only as digests, looked up in memory by the
+auth layer. Pure: no HTTP, no database."""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
 import threading
+from dataclasses import dataclass
+
+from api.schemas.people import Role
 
 
 def digest(token: str) -> str:
@@ -61,3 +65,45 @@ class NodeCredentials:
     def node_of(self, hexdigest: str) -> int | None:
         with self._lock:
             return self._node_by_digest.get(hexdigest)
+
+
+def new_api_key() -> tuple[str, str]:
+    """A fresh person's key and the digest the server keeps of it."""
+    key = f"ddpo-key-{secrets.token_urlsafe(32)}"
+    return key, digest(key)
+
+
+@dataclass(frozen=True)
+class KeyHolder:
+    """Whom a key belongs to: its id, its name and the role it carries."""
+
+    key_id: int
+    name: str
+    role: Role
+
+
+class ApiKeys:
+    """Every live key's digest, in memory, as :class:`NodeCredentials` keeps
+    the nodes' (the database holds the same; a revoked key is not here).
+    256 random bits each: looked up by digest, as a dict key."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_digest: dict[str, KeyHolder] = {}
+
+    def load(self, pairs: list[tuple[str, KeyHolder]]) -> None:
+        with self._lock:
+            self._by_digest = dict(pairs)
+
+    def bind(self, hexdigest: str, holder: KeyHolder) -> None:
+        with self._lock:
+            self._by_digest[hexdigest] = holder
+
+    def revoke(self, key_id: int) -> None:
+        with self._lock:
+            for hexdigest in [d for d, h in self._by_digest.items() if h.key_id == key_id]:
+                del self._by_digest[hexdigest]
+
+    def holder_of(self, hexdigest: str) -> KeyHolder | None:
+        with self._lock:
+            return self._by_digest.get(hexdigest)

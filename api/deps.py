@@ -8,8 +8,9 @@ from fastapi import Depends, Path, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 
-from api.auth import caller_node
+from api.auth import caller_node, caller_of_request
 from api.core.context import Core
+from api.core.people import Actor
 from api.notifier import Notifier
 from api.quiet_nodes import QuietNodes
 from api.read_cache import ReadCache
@@ -85,6 +86,16 @@ async def get_caller_node(request: Request) -> int | None:
     return caller_node(request.scope.get("state", {}))
 
 
+async def get_actor(request: Request) -> Actor:
+    """Who asks, for the owner checks and the audit log: the caller the
+    auth layer found, and the address the request came from."""
+    caller = caller_of_request(request.scope.get("state", {}))
+    address = request.client.host if request.client else None
+    if caller is None:
+        return Actor(name=None, role=None, address=address)
+    return Actor(name=caller.name, role=caller.role, address=address)
+
+
 CoreDep = Annotated[Core, Depends(get_core)]
 DatabaseDep = Annotated[Database, Depends(get_db)]
 NotifierDep = Annotated[Notifier, Depends(get_notifier)]
@@ -92,7 +103,9 @@ QuietNodesDep = Annotated[QuietNodes, Depends(get_quiet_nodes)]
 SettingsDep = Annotated[ServerSettings, Depends(get_settings)]
 ReadCacheDep = Annotated[ReadCache, Depends(get_read_cache)]
 CallerNodeDep = Annotated[int | None, Depends(get_caller_node)]
+ActorDep = Annotated[Actor, Depends(get_actor)]
 
 JobId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]
 NodeId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]
 PartId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]
+KeyId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]

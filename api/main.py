@@ -18,10 +18,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp
 
 from api import route_table
-from api.auth import AuthMiddleware, TokenBook
+from api.auth import AuthMiddleware, Caller, TokenBook
 from api.core.clock import tick, write_sightings
 from api.core.context import Core
 from api.core.errors import DomainError
+from api.core.people import key_holder_of, load_keys
 from api.core.retention import prune
 from api.deps import refuse_unknown_query
 from api.head import HeadAsGet
@@ -34,12 +35,14 @@ from api.notifier import Notifier
 from api.quiet_nodes import QuietNodes
 from api.read_cache import ReadCache, ReadCacheMiddleware
 from api.refusals import refusal, text
+from api.route_table import Role
 from api.routes import (
     dashboard,
     health,
     jobs,
     nodes,
     parts,
+    people,
     prometheus,
     queue,
     reference,
@@ -50,7 +53,7 @@ from api.settings import ServerSettings
 from db import queries
 from db.changes import Change, Wake
 from db.engine import Database
-from db.models import Attempt, Node, Part, utcnow
+from db.models import ApiKey, Attempt, Node, Part, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         db.listen(lambda change: _heard(core, notifier, change))
         with db.read() as session:
             core.credentials.load(queries.node_credentials(session=session))
+        load_keys(core)
         sweeper = asyncio.create_task(_sweep_forever(core, instruments.tick, read_cache))
         log.info("serving with database %s", redacted(settings.database_url))
         try:
@@ -101,8 +105,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.tokens = TokenBook(
         settings.role_tokens,
         core.credentials,
+        core.keys,
         # SQLite: this server is the only one, and knows every credential.
-        look_up=None if db.is_sqlite else lambda hexdigest: _node_of_credential(db, hexdigest),
+        look_up=None if db.is_sqlite else lambda hexdigest: _caller_in_database(core, hexdigest),
     )
     app.state.registry, app.state.latency = instruments.registry, instruments.latency
     app.add_middleware(LatencyMiddleware, latency=app.state.latency)
@@ -113,6 +118,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         nodes.router,
         parts.router,
         trainers.router,
+        people.router,
     )
     for router in routers:
         app.include_router(router, dependencies=[Depends(refuse_unknown_query)])
@@ -215,13 +221,20 @@ def _wakes_polls(rows: Sequence[object]) -> Wake:
     return Wake(nodes=frozenset(nodes), port_waiters=any(isinstance(row, Attempt) for row in rows))
 
 
-def _node_of_credential(db: Database, hexdigest: str) -> int | None:
-    with db.read() as session:
-        return queries.node_of_credential(session=session, hexdigest=hexdigest)
+def _caller_in_database(core: Core, hexdigest: str) -> Caller | None:
+    """The node or live key this digest is of, read from the database."""
+    with core.db.read() as session:
+        node_id = queries.node_of_credential(session=session, hexdigest=hexdigest)
+    if node_id is not None:
+        return Caller(Role.NODE, node_id)
+    holder = key_holder_of(core, hexdigest)
+    return None if holder is None else Caller(holder.role, key=holder)
 
 
 def _heard(core: Core, notifier: Notifier, change: Change) -> None:
     """Another server on the database committed ``change``."""
+    if change.everything or ApiKey.__tablename__ in change.tables:
+        load_keys(core)
     if change.everything or change.nodes:
         with core.db.read() as session:
             if change.everything:

@@ -7,18 +7,10 @@ matches is answered 404 to everyone."""
 
 from __future__ import annotations
 
-import enum
 import re
 from dataclasses import dataclass
 
-
-class Role(str, enum.Enum):
-    ADMIN = "admin"
-    USER = "user"  # people and scripts: submit, cancel, read
-    READER = "reader"  # dashboards: read only
-    JOIN = "join"  # a machine joining as a new node: registration only
-    NODE = "node"  # one node's own credential: the node protocol, for that node
-
+from api.schemas.people import Role as Role  # re-exported: the roles are the table's words
 
 PUBLIC: frozenset[Role] = frozenset()  # no token needed
 READ = frozenset({Role.ADMIN, Role.USER, Role.READER})
@@ -64,6 +56,13 @@ SUBMIT_STUDY = Route("POST", "/studies", WRITE)
 LIST_STUDIES = Route("GET", "/studies", READ)
 GET_STUDY = Route("GET", "/studies/{study_id}", READ)
 CANCEL_STUDY = Route("POST", "/studies/{study_id}/cancel", WRITE)
+
+# People: per-person keys (admins hand them out) and what was done with them.
+CREATE_KEY = Route("POST", "/keys", ADMIN)
+LIST_KEYS = Route("GET", "/keys", ADMIN)
+REVOKE_KEY = Route("POST", "/keys/{key_id}/revoke", ADMIN)
+AUDIT = Route("GET", "/audit", ADMIN)
+WHOAMI = Route("GET", "/whoami", READ)
 
 LIST_NODES = Route("GET", "/nodes", READ)
 LIST_TRAINERS = Route("GET", "/trainers", READ)

@@ -12,10 +12,10 @@ from api.core.errors import NotFound
 from api.core.placement import free_capacity, survey_queue
 from api.lifecycle import JobStatus, NodeState, PendingCode, study_status
 from api.scheduling import Pending, Placement
-from api.schemas import JobSpec, public
+from api.schemas import JobSpec, people, public
 from db import queries
 from db.engine import Database
-from db.models import LAUNCHER_RANK, Attempt, Job, LogRow, Node, Part, Study, utcnow
+from db.models import LAUNCHER_RANK, ApiKey, Attempt, Job, LogRow, Node, Part, Study, utcnow
 
 
 def percent_done(*, epoch: int, batch: int, batches_per_epoch: int, epochs: int) -> float:
@@ -57,6 +57,7 @@ def job_public(
     return public.JobPublic(
         id=job.id,
         name=job.name,
+        owner=job.owner,
         status=job.status,
         pending_reason=job.pending_reason if job.status is JobStatus.QUEUED else None,
         priority=job.priority,
@@ -209,6 +210,7 @@ def _queue(session: Session, now: datetime) -> public.QueuePublic:
                 position=position,
                 job_id=job.id,
                 name=job.name,
+                owner=job.owner,
                 priority=job.priority,
                 created_at=job.created_at,
                 needs=public.NeedsPublic(
@@ -446,6 +448,7 @@ def _public_studies(session: Session, studies: list[Study]) -> list[public.Study
             public.StudyPublic(
                 id=study.id or 0,
                 name=study.name,
+                owner=study.owner,
                 status=study_status(j.status for j in mine),
                 created_at=study.created_at,
                 spec=mine[0].spec if mine else JobSpec(),
@@ -467,3 +470,52 @@ def read_studies(*, db: Database, limit: int, offset: int) -> public.StudiesPubl
     with db.read() as session:
         studies = queries.list_studies(session=session, limit=limit, offset=offset)
         return public.StudiesPublic(data=_public_studies(session, studies))
+
+
+def key_public(key: ApiKey) -> people.KeyPublic:
+    assert key.id is not None
+    return people.KeyPublic(
+        id=key.id,
+        name=key.name,
+        role=key.role,
+        created_at=key.created_at,
+        created_by=key.created_by,
+        revoked_at=key.revoked_at,
+        revoked_by=key.revoked_by,
+    )
+
+
+def read_keys(*, db: Database) -> people.KeysPublic:
+    with db.read() as session:
+        return people.KeysPublic(data=[key_public(k) for k in queries.list_keys(session=session)])
+
+
+def read_audit(
+    *,
+    db: Database,
+    limit: int,
+    before: int | None,
+    actor: str | None,
+    action: people.AuditAction | None,
+    target: str | None,
+) -> people.AuditPublic:
+    with db.read() as session:
+        rows = queries.audit_entries(
+            session=session, limit=limit, before=before, actor=actor, action=action, target=target
+        )
+    entries = [
+        people.AuditEntryPublic(
+            id=row.id or 0,
+            at=row.at,
+            actor=row.actor,
+            role=row.role,
+            address=row.address,
+            action=row.action,
+            target=row.target,
+            detail=row.detail,
+        )
+        for row in rows
+    ]
+    return people.AuditPublic(
+        data=entries, next_before=entries[-1].id if len(entries) == limit else None
+    )

@@ -13,6 +13,7 @@ from sqlmodel import Field, SQLModel
 
 from api.lifecycle import JobStatus, NodeState, PartStatus
 from api.schemas import JobError, JobSpec, TrainResult
+from api.schemas.people import AuditAction, Role
 from db.types import EnumText, ModelJSON
 
 
@@ -65,6 +66,8 @@ class Study(SQLModel, table=True):
 
     id: int | None = Field(default=None, primary_key=True)
     name: str | None = None
+    # Who submitted it: a key's name, token:<role>, or None (auth off).
+    owner: str | None = Field(default=None, index=True)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
@@ -82,6 +85,10 @@ class Job(SQLModel, table=True):
         sa_column=Column(EnumText(JobStatus), index=True, nullable=False),
     )
     priority: int = 0
+    # Who submitted it: a key's name, token:<role>, or None (auth off, or
+    # submitted before jobs had owners). Only the owner or an admin may
+    # cancel it or change its priority.
+    owner: str | None = Field(default=None, index=True)
     pending_reason: str | None = None
     current_attempt_id: int | None = None
     attempt_count: int = 0
@@ -191,6 +198,39 @@ class LogRow(SQLModel, table=True):
     offset: int
     text: str
     at: datetime = Field(sa_type=UTCDateTime)
+
+
+class ApiKey(SQLModel, table=True):
+    """A person's (or a script's) key: a name and a role. The server keeps
+    only the secret's digest; the secret is shown once, when made."""
+
+    __tablename__ = "api_key"
+
+    id: int | None = Field(default=None, primary_key=True)
+    # Unique for good, revoked keys included: the audit log names keys.
+    name: str = Field(unique=True)
+    role: Role = Field(sa_column=Column(EnumText(Role), nullable=False))
+    digest: str = Field(unique=True)  # SHA-256 (hex) of the secret
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    created_by: str | None = None
+    revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    revoked_by: str | None = None
+
+
+class AuditRow(SQLModel, table=True):
+    """Who did what, when, from where: written in the same transaction as
+    the action, so no action commits without its entry."""
+
+    __tablename__ = "audit_log"
+
+    id: int | None = Field(default=None, primary_key=True)
+    at: datetime = Field(default_factory=utcnow, index=True, sa_type=UTCDateTime)
+    actor: str | None = Field(default=None, index=True)
+    role: Role | None = Field(default=None, sa_column=Column(EnumText(Role), nullable=True))
+    address: str | None = None
+    action: AuditAction = Field(sa_column=Column(EnumText(AuditAction), nullable=False))
+    target: str
+    detail: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
 
 
 class ChangeCount(SQLModel, table=True):

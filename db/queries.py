@@ -13,7 +13,8 @@ from sqlmodel import Session, col, select
 
 from api.lifecycle import JobStatus, NodeState, PartStatus
 from api.schemas import JobSpec
-from db.models import Attempt, Job, LogRow, Node, Part, ProgressRow, Study
+from api.schemas.people import AuditAction
+from db.models import ApiKey, Attempt, AuditRow, Job, LogRow, Node, Part, ProgressRow, Study
 
 # Statuses whose processes may still exist: they hold a slot on their node.
 ACTIVE_PART_STATUSES = tuple(s for s in PartStatus if s.is_active())
@@ -30,10 +31,12 @@ def insert_job(
     study_id: int | None = None,
     study_index: int | None = None,
     idempotency_key: str | None = None,
+    owner: str | None = None,
 ) -> Job:
     job = Job(
         spec=spec,
         name=name,
+        owner=owner,
         priority=spec.priority,
         study_id=study_id,
         study_index=study_index,
@@ -121,8 +124,8 @@ def study_predecessors(*, session: Session, jobs: Iterable[Job]) -> dict[int, Jo
 # --- studies ------------------------------------------------------------------
 
 
-def insert_study(*, session: Session, name: str | None) -> Study:
-    study = Study(name=name)
+def insert_study(*, session: Session, name: str | None, owner: str | None = None) -> Study:
+    study = Study(name=name, owner=owner)
     session.add(study)
     session.flush()
     return study
@@ -496,3 +499,61 @@ def checkpoint_bytes_kept(*, session: Session) -> int:
         col(Job.checkpoint_file).is_not(None)
     )
     return int(session.exec(statement).one() or 0)
+
+
+# --- people -------------------------------------------------------------------
+
+
+def insert_key(*, session: Session, key: ApiKey) -> ApiKey:
+    session.add(key)
+    session.flush()
+    return key
+
+
+def get_key(*, session: Session, key_id: int, for_update: bool = False) -> ApiKey | None:
+    return session.get(ApiKey, key_id, with_for_update=for_update)
+
+
+def get_key_by_name(*, session: Session, name: str) -> ApiKey | None:
+    return session.exec(select(ApiKey).where(ApiKey.name == name)).first()
+
+
+def list_keys(*, session: Session) -> list[ApiKey]:
+    return list(session.exec(select(ApiKey).order_by(col(ApiKey.id))).all())
+
+
+def live_keys(*, session: Session) -> list[ApiKey]:
+    """Every key not revoked."""
+    statement = select(ApiKey).where(col(ApiKey.revoked_at).is_(None))
+    return list(session.exec(statement).all())
+
+
+def live_key_of(*, session: Session, hexdigest: str) -> ApiKey | None:
+    statement = select(ApiKey).where(ApiKey.digest == hexdigest, col(ApiKey.revoked_at).is_(None))
+    return session.exec(statement).first()
+
+
+def insert_audit(*, session: Session, row: AuditRow) -> None:
+    session.add(row)
+
+
+def audit_entries(
+    *,
+    session: Session,
+    limit: int,
+    before: int | None = None,
+    actor: str | None = None,
+    action: AuditAction | None = None,
+    target: str | None = None,
+) -> list[AuditRow]:
+    """Newest first (by id: the order they committed in, near enough)."""
+    statement = select(AuditRow).order_by(col(AuditRow.id).desc())
+    if before is not None:
+        statement = statement.where(col(AuditRow.id) < before)
+    if actor is not None:
+        statement = statement.where(AuditRow.actor == actor)
+    if action is not None:
+        statement = statement.where(AuditRow.action == action)
+    if target is not None:
+        statement = statement.where(AuditRow.target == target)
+    return list(session.exec(statement.limit(limit)).all())

@@ -1,5 +1,5 @@
 """What every command of the core shares: the database, the settings, the
-node credentials the auth layer checks, and when each node was last heard."""
+node credentials and people's keys the auth layer checks, and when each node was last heard."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from api.credentials import NodeCredentials
+from api.credentials import ApiKeys, NodeCredentials
 from api.settings import ServerSettings
 from db.engine import Database
 
@@ -126,6 +126,7 @@ class Core:
     db: Database
     settings: ServerSettings
     credentials: NodeCredentials = field(default_factory=NodeCredentials)
+    keys: ApiKeys = field(default_factory=ApiKeys)
     sightings: Sightings = field(default_factory=Sightings)
     joins: JoinRate = field(init=False)
     plan_memo: PlanMemo = field(default_factory=PlanMemo)

@@ -8,19 +8,24 @@ from datetime import timedelta
 from api.core import lookup, offers
 from api.core.context import Core
 from api.core.errors import Conflict, NotFound
+from api.core.people import Actor, check_may_steer, record
 from api.core.placement import schedule
 from api.core.settlement import cancel
 from api.lifecycle import JobStatus, can_cancel, study_status
 from api.schemas import JobSpec, StudyCreate, Topology
+from api.schemas.people import AuditAction
 from db import queries
 from db.models import utcnow
 
 log = logging.getLogger(__name__)
 
 
-def submit_job(core: Core, spec: JobSpec, idempotency_key: str | None = None) -> tuple[int, bool]:
+def submit_job(
+    core: Core, spec: JobSpec, actor: Actor, idempotency_key: str | None = None
+) -> tuple[int, bool]:
     """The job's id, and whether it is new: a key seen before returns its
-    job (the same spec) rather than a second one."""
+    job (the same spec, the same submitter) rather than a second one. The
+    job is ``actor``'s."""
     with core.db.write() as session:
         spec = offers.checked(session, spec)
         if idempotency_key is not None:
@@ -32,6 +37,11 @@ def submit_job(core: Core, spec: JobSpec, idempotency_key: str | None = None) ->
                 existing = None
             if existing is not None:
                 assert existing.id is not None
+                if existing.owner != actor.name:
+                    raise Conflict(
+                        f"Idempotency-Key {idempotency_key!r} was used for job "
+                        f"{existing.id} by another submitter"
+                    )
                 if existing.spec != spec:
                     raise Conflict(
                         f"Idempotency-Key {idempotency_key!r} was used for job "
@@ -39,43 +49,61 @@ def submit_job(core: Core, spec: JobSpec, idempotency_key: str | None = None) ->
                     )
                 return existing.id, False
         job = queries.insert_job(
-            session=session, spec=spec, name=spec.name, idempotency_key=idempotency_key
+            session=session,
+            spec=spec,
+            name=spec.name,
+            idempotency_key=idempotency_key,
+            owner=actor.name,
         )
-        schedule(session)
         assert job.id is not None
+        record(session, actor, AuditAction.JOB_SUBMIT, f"job {job.id}", name=spec.name)
+        schedule(session)
         log.info("job %d submitted: %s", job.id, spec.model_dump_json())
         return job.id, True
 
 
-def cancel_job(core: Core, job_id: int) -> None:
+def cancel_job(core: Core, job_id: int, actor: Actor) -> None:
+    """Its owner or an admin cancels it."""
     with core.db.write() as session:
         job = lookup.job(session, job_id, for_update=True)
+        check_may_steer(actor, job.owner, f"job {job_id}", "cancel")
         if not can_cancel(job.status):
             raise Conflict(f"job {job_id} is already {job.status.value}")
+        record(session, actor, AuditAction.JOB_CANCEL, f"job {job_id}", status=job.status.value)
         cancel(session, job, utcnow(), core.settings)
 
 
-def set_priority(core: Core, job_id: int, priority: int) -> None:
-    """A queued job's new priority: its place in the queue moves at once,
-    and if that puts it first where it fits, it starts."""
+def set_priority(core: Core, job_id: int, priority: int, actor: Actor) -> None:
+    """A queued job's new priority, set by its owner or an admin: its place
+    in the queue moves at once, and if that puts it first where it fits, it
+    starts."""
     with core.db.write() as session:
         job = lookup.job(session, job_id, for_update=True)
+        check_may_steer(actor, job.owner, f"job {job_id}", "change the priority of")
         if job.status is not JobStatus.QUEUED:
             raise Conflict(
                 f"priority: job {job_id} is {job.status.value}; only a queued job's "
                 "priority can change"
             )
         if job.priority != priority:
-            log.info("job %d: priority %d -> %d", job_id, job.priority, priority)
+            log.info("job %d: priority %d -> %d by %s", job_id, job.priority, priority, actor.name)
+            record(
+                session,
+                actor,
+                AuditAction.JOB_PRIORITY,
+                f"job {job_id}",
+                **{"from": job.priority, "to": priority},
+            )
             job.priority = priority
             schedule(session)
 
 
-def submit_study(core: Core, create: StudyCreate) -> int:
-    """The study and all its jobs, queued at once; they run in row order."""
+def submit_study(core: Core, create: StudyCreate, actor: Actor) -> int:
+    """The study and all its jobs, queued at once, ``actor``'s; they run in
+    row order."""
     with core.db.write() as session:
         create = create.model_copy(update={"spec": offers.checked(session, create.spec)})
-        study = queries.insert_study(session=session, name=create.name)
+        study = queries.insert_study(session=session, name=create.name, owner=actor.name)
         assert study.id is not None
         for index, row in enumerate(create.rows):
             spec = create.spec.model_copy(
@@ -89,22 +117,39 @@ def submit_study(core: Core, create: StudyCreate) -> int:
                 }
             )
             queries.insert_job(
-                session=session, spec=spec, name=spec.name, study_id=study.id, study_index=index
+                session=session,
+                spec=spec,
+                name=spec.name,
+                study_id=study.id,
+                study_index=index,
+                owner=actor.name,
             )
+        record(
+            session,
+            actor,
+            AuditAction.STUDY_SUBMIT,
+            f"study {study.id}",
+            name=create.name,
+            jobs=len(create.rows),
+        )
         schedule(session)
         log.info("study %d submitted with %d row(s)", study.id, len(create.rows))
         return study.id
 
 
-def cancel_study(core: Core, study_id: int) -> None:
+def cancel_study(core: Core, study_id: int, actor: Actor) -> None:
+    """Its owner or an admin cancels every job of it not yet ended."""
     with core.db.write() as session:
-        if queries.get_study(session=session, study_id=study_id) is None:
+        study = queries.get_study(session=session, study_id=study_id)
+        if study is None:
             raise NotFound(f"study {study_id} not found")
+        check_may_steer(actor, study.owner, f"study {study_id}", "cancel")
         now = utcnow()
         jobs = queries.jobs_of_studies(session=session, study_ids=[study_id])
         if not any(can_cancel(job.status) for job in jobs):
             status = study_status(job.status for job in jobs)
             raise Conflict(f"study {study_id} is already {status.value}")
+        record(session, actor, AuditAction.STUDY_CANCEL, f"study {study_id}")
         for job in jobs:
             if can_cancel(job.status):
                 cancel(session, job, now, core.settings)

@@ -10,12 +10,14 @@ from sqlmodel import Session
 
 from api.core.context import Core
 from api.core.errors import Conflict, Forbidden, NotFound, TooMany
+from api.core.people import Actor, record
 from api.core.placement import schedule
 from api.core.settlement import lose_parts
 from api.credentials import new_node_credential
 from api.failures import FailureReason
 from api.lifecycle import NodeState, PartStatus
 from api.schemas import Assignment, NodeRegistration, PollResponse, Rendezvous
+from api.schemas.people import AuditAction
 from db import queries
 from db.models import Attempt, Node, Part, utcnow
 
@@ -122,9 +124,10 @@ def _check_room_for_a_new_node(core: Core, session: Session) -> None:
         )
 
 
-def revoke_node(core: Core, node_id: int) -> None:
+def revoke_node(core: Core, node_id: int, actor: Actor) -> None:
     """Refuse the node's credential from now on, retire its name, and
-    take its parts back (their jobs restart elsewhere if they may)."""
+    take its parts back (their jobs restart elsewhere if they may). Once
+    revoked, revoking again changes nothing and records nothing."""
     now = utcnow()
     with core.db.write() as session:
         node = queries.get_node(session=session, node_id=node_id)
@@ -134,6 +137,14 @@ def revoke_node(core: Core, node_id: int) -> None:
             node.state = NodeState.REVOKED
             node.credential_digest = None
             parts = queries.active_parts_on_nodes(session=session, node_ids=[node_id])
+            record(
+                session,
+                actor,
+                AuditAction.NODE_REVOKE,
+                f"node {node_id}",
+                name=node.name,
+                parts_stopped=len(parts),
+            )
             lose_parts(
                 session,
                 parts,
@@ -144,7 +155,7 @@ def revoke_node(core: Core, node_id: int) -> None:
                 core.settings,
             )
             schedule(session)
-            log.warning("node %d (%s) revoked", node_id, node.name)
+            log.warning("node %d (%s) revoked by %s", node_id, node.name, actor.name)
     core.credentials.revoke(node_id)
 
 

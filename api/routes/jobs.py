@@ -17,6 +17,7 @@ from api.core import artifacts
 from api.core import jobs as jobs_core
 from api.core import nodes as nodes_core
 from api.deps import (
+    ActorDep,
     CallerNodeDep,
     CoreDep,
     DatabaseDep,
@@ -39,7 +40,7 @@ from api.schemas import (
 )
 from db.models import Attempt, Job, LogRow, Node, Part, ProgressRow
 
-router = APIRouter(prefix="/jobs", tags=["jobs"], responses=documented(400, 404, 409))
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=documented(400, 403, 404, 409))
 
 # How often a followed log checks for new lines.
 FOLLOW_POLL_S = 0.5
@@ -56,6 +57,7 @@ def submit_job(
     spec: JobSpec,
     core: CoreDep,
     db: DatabaseDep,
+    actor: ActorDep,
     response: Response,
     idempotency_key: Annotated[
         str | None,
@@ -67,7 +69,8 @@ def submit_job(
         ),
     ] = None,
 ) -> JobPublic:
-    job_id, created = jobs_core.submit_job(core, spec, idempotency_key)
+    """Queue a job; it is the caller's (``owner``: the key's name)."""
+    job_id, created = jobs_core.submit_job(core, spec, actor, idempotency_key)
     if not created:
         response.status_code = 200
     return views.read_job(db=db, job_id=job_id)
@@ -115,17 +118,20 @@ LOGS_TABLES = (Job, LogRow)
 
 
 @endpoint(router, route_table.CANCEL_JOB, response_model=JobPublic)
-def cancel_job(job_id: JobId, core: CoreDep, db: DatabaseDep) -> JobPublic:
+def cancel_job(job_id: JobId, core: CoreDep, db: DatabaseDep, actor: ActorDep) -> JobPublic:
     """Queued jobs end ``cancelled`` at once; running ones go ``cancelling``
-    until every node has stopped its ranks."""
-    jobs_core.cancel_job(core, job_id)
+    until every node has stopped its ranks. Its owner or an admin only."""
+    jobs_core.cancel_job(core, job_id, actor)
     return views.read_job(db=db, job_id=job_id)
 
 
 @endpoint(router, route_table.UPDATE_JOB, response_model=JobPublic)
-def update_job(job_id: JobId, update: JobUpdate, core: CoreDep, db: DatabaseDep) -> JobPublic:
-    """Change a queued job's priority (higher first); 409 once it has started."""
-    jobs_core.set_priority(core, job_id, update.priority)
+def update_job(
+    job_id: JobId, update: JobUpdate, core: CoreDep, db: DatabaseDep, actor: ActorDep
+) -> JobPublic:
+    """Change a queued job's priority (higher first); 409 once it has
+    started. Its owner or an admin only."""
+    jobs_core.set_priority(core, job_id, update.priority, actor)
     return views.read_job(db=db, job_id=job_id)
 
 

@@ -10,6 +10,7 @@ from api import route_table, views
 from api.auth import acting_for
 from api.core import nodes as nodes_core
 from api.deps import (
+    ActorDep,
     CallerNodeDep,
     CoreDep,
     DatabaseDep,
@@ -76,10 +77,10 @@ def register_node(
 
 
 @endpoint(router, route_table.REVOKE_NODE, response_model=NodePublic)
-def revoke_node(node_id: NodeId, core: CoreDep, db: DatabaseDep) -> NodePublic:
+def revoke_node(node_id: NodeId, core: CoreDep, db: DatabaseDep, actor: ActorDep) -> NodePublic:
     """Refuse the node's credential from now on and retire its name; its
     parts' jobs restart elsewhere if they have restarts left."""
-    nodes_core.revoke_node(core, node_id)
+    nodes_core.revoke_node(core, node_id, actor)
     return views.read_node(db=db, node_id=node_id)
 
 

@@ -9,20 +9,23 @@ from fastapi import APIRouter, Path, Query
 
 from api import route_table, views
 from api.core import jobs as jobs_core
-from api.deps import CoreDep, DatabaseDep, SettingsDep
+from api.deps import ActorDep, CoreDep, DatabaseDep, SettingsDep
 from api.routes import endpoint
 from api.schemas import DB_INT_MAX, StudiesPublic, StudyCreate, StudyPublic, documented
 
-router = APIRouter(prefix="/studies", tags=["studies"], responses=documented(400, 404, 409))
+router = APIRouter(prefix="/studies", tags=["studies"], responses=documented(400, 403, 404, 409))
 
 StudyId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]
 
 
 @endpoint(router, route_table.SUBMIT_STUDY, status_code=201, response_model=StudyPublic)
-def submit_study(create: StudyCreate, core: CoreDep, db: DatabaseDep) -> StudyPublic:
+def submit_study(
+    create: StudyCreate, core: CoreDep, db: DatabaseDep, actor: ActorDep
+) -> StudyPublic:
     """Queues one job per row (default: 1, 2, 4, 8 processes with batch 128,
-    64, 32, 16); each starts when the one before has ended."""
-    study_id = jobs_core.submit_study(core, create)
+    64, 32, 16); each starts when the one before has ended. The study and
+    its jobs are the caller's."""
+    study_id = jobs_core.submit_study(core, create, actor)
     return views.read_study(db=db, study_id=study_id)
 
 
@@ -44,6 +47,7 @@ def get_study(study_id: StudyId, db: DatabaseDep) -> StudyPublic:
 
 
 @endpoint(router, route_table.CANCEL_STUDY, response_model=StudyPublic)
-def cancel_study(study_id: StudyId, core: CoreDep, db: DatabaseDep) -> StudyPublic:
-    jobs_core.cancel_study(core, study_id)
+def cancel_study(study_id: StudyId, core: CoreDep, db: DatabaseDep, actor: ActorDep) -> StudyPublic:
+    """Cancel every job of it not yet ended. Its owner or an admin only."""
+    jobs_core.cancel_study(core, study_id, actor)
     return views.read_study(db=db, study_id=study_id)

@@ -99,6 +99,9 @@ class QueuedJobPublic(BaseModel):
     position: int = Field(description="1 is tried first")
     job_id: int
     name: str | None
+    owner: str | None = Field(
+        None, description="Who submitted it: a key's name, token:<role>, null with auth off"
+    )
     priority: int
     created_at: datetime
     needs: NeedsPublic
@@ -115,6 +118,9 @@ class QueuePublic(BaseModel):
 class JobPublic(BaseModel):
     id: int
     name: str | None
+    owner: str | None = Field(
+        None, description="Who submitted it: a key's name, token:<role>, null with auth off"
+    )
     status: JobStatus
     pending_reason: str | None = Field(None, description="Why a queued job is not running")
     priority: int = Field(
@@ -166,6 +172,9 @@ class StudyRowPublic(BaseModel):
 class StudyPublic(BaseModel):
     id: int
     name: str | None
+    owner: str | None = Field(
+        None, description="Who submitted it: a key's name, token:<role>, null with auth off"
+    )
     status: JobStatus
     created_at: datetime
     spec: JobSpec

@@ -146,6 +146,27 @@ def test_a_node_revoked_through_one_server_is_refused_by_the_other_at_once(
     )
 
 
+def test_a_key_made_through_one_server_works_on_the_other_and_its_revocation_too(
+    replicas: tuple[httpx.Client, httpx.Client],
+) -> None:
+    on_a, on_b = replicas
+    made = on_a.post("/keys", json={"name": "alice", "role": "user"}, headers=bearer(ADMIN))
+    alice = bearer(made.raise_for_status().json()["key"])
+    # At once on B: it looks a key it has not heard of yet up in the database.
+    submitted = on_b.post("/jobs", json={}, headers=alice)
+    assert submitted.status_code == 201 and submitted.json()["owner"] == "alice"
+    on_b.post(f"/keys/{made.json()['id']}/revoke", headers=bearer(ADMIN)).raise_for_status()
+    assert on_b.get("/jobs", headers=alice).status_code == 401
+    # A heard the note within milliseconds.
+    wait_for(lambda: on_a.get("/jobs", headers=alice).status_code == 401, 1, "A to refuse it")
+    actions = on_a.get("/audit", headers=bearer(ADMIN)).raise_for_status().json()["data"]
+    assert [(e["actor"], e["action"]) for e in actions] == [
+        ("token:admin", "key.revoke"),
+        ("alice", "job.submit"),
+        ("token:admin", "key.create"),
+    ]
+
+
 def test_one_server_sweeps_at_a_time_and_another_takes_over_when_it_goes(
     tmp_path: Path,
 ) -> None:

@@ -14,6 +14,7 @@ import pytest
 from api.core import clock, jobs, nodes, reports
 from api.core.context import Core
 from api.core.errors import Conflict, Forbidden, NotFound
+from api.core.people import NOBODY
 from api.failures import FailureReason
 from api.lifecycle import JobStatus, NodeState, PartStatus
 from api.schemas import (
@@ -78,7 +79,7 @@ def status(core: Core, job_id: int) -> JobStatus:
 
 
 def test_a_job_waits_with_a_reason_until_a_node_joins_then_runs_to_success(core: Core) -> None:
-    job_id, created = jobs.submit_job(core, JobSpec(epochs=1))
+    job_id, created = jobs.submit_job(core, JobSpec(epochs=1), NOBODY)
     assert created
     waiting = read_job(db=core.db, job_id=job_id)
     assert waiting.status is JobStatus.QUEUED and waiting.pending_reason
@@ -104,7 +105,7 @@ def test_a_job_waits_with_a_reason_until_a_node_joins_then_runs_to_success(core:
 
 
 def test_a_gang_is_placed_on_distinct_nodes_at_once_or_not_at_all(core: Core) -> None:
-    job_id, _ = jobs.submit_job(core, JobSpec(topology=Topology(num_machines=2)))
+    job_id, _ = jobs.submit_job(core, JobSpec(topology=Topology(num_machines=2)), NOBODY)
     a = join(core, "a")
     assert nodes.poll_node(core, a, [], []).start == []  # one node: nothing starts
     b = join(core, "b")
@@ -114,7 +115,7 @@ def test_a_gang_is_placed_on_distinct_nodes_at_once_or_not_at_all(core: Core) ->
 
 
 def test_a_silent_node_is_lost_and_its_job_restarts_on_another(core: Core) -> None:
-    job_id, _ = jobs.submit_job(core, JobSpec(max_restarts=1))
+    job_id, _ = jobs.submit_job(core, JobSpec(max_restarts=1), NOBODY)
     a = join(core, "a")
     (first,) = started(core, a)
     b = join(core, "b")
@@ -147,7 +148,7 @@ def test_a_silent_node_is_lost_and_its_job_restarts_on_another(core: Core) -> No
 
 
 def test_a_crash_of_the_training_code_is_not_retried(core: Core) -> None:
-    job_id, _ = jobs.submit_job(core, JobSpec(max_restarts=3))
+    job_id, _ = jobs.submit_job(core, JobSpec(max_restarts=3), NOBODY)
     node_id = join(core, "a")
     (part,) = started(core, node_id)
     finish(core, node_id, part.part_id, status="failed", reason="rank_failed", exit_code=1)
@@ -157,39 +158,39 @@ def test_a_crash_of_the_training_code_is_not_retried(core: Core) -> None:
 
 
 def test_cancelling_stops_every_part_and_ends_once_the_nodes_confirm(core: Core) -> None:
-    job_id, _ = jobs.submit_job(core, JobSpec())
+    job_id, _ = jobs.submit_job(core, JobSpec(), NOBODY)
     node_id = join(core, "a")
     (part,) = started(core, node_id)
-    jobs.cancel_job(core, job_id)
+    jobs.cancel_job(core, job_id, NOBODY)
     assert status(core, job_id) is JobStatus.CANCELLING
     assert nodes.heartbeat(core, node_id, [part.part_id]) == [part.part_id]
     assert read_job(db=core.db, job_id=job_id).parts[0].status is PartStatus.STOPPING
     finish(core, node_id, part.part_id, status="cancelled", exit_code=-15)
     assert status(core, job_id) is JobStatus.CANCELLED
     with pytest.raises(Conflict, match=f"job {job_id} is already cancelled"):
-        jobs.cancel_job(core, job_id)
+        jobs.cancel_job(core, job_id, NOBODY)
 
 
 def test_the_core_refuses_with_domain_errors_that_name_the_thing(core: Core) -> None:
     with pytest.raises(NotFound, match="job 99 not found"):
-        jobs.cancel_job(core, 99)
+        jobs.cancel_job(core, 99, NOBODY)
     with pytest.raises(NotFound, match="study 7 not found"):
-        jobs.cancel_study(core, 7)
-    jobs.submit_job(core, JobSpec(epochs=2), idempotency_key="k")
-    assert jobs.submit_job(core, JobSpec(epochs=2), idempotency_key="k") == (1, False)
+        jobs.cancel_study(core, 7, NOBODY)
+    jobs.submit_job(core, JobSpec(epochs=2), NOBODY, idempotency_key="k")
+    assert jobs.submit_job(core, JobSpec(epochs=2), NOBODY, idempotency_key="k") == (1, False)
     with pytest.raises(Conflict, match="'k' was used for job 1 with a different spec"):
-        jobs.submit_job(core, JobSpec(epochs=3), idempotency_key="k")
+        jobs.submit_job(core, JobSpec(epochs=3), NOBODY, idempotency_key="k")
     a, b = join(core, "a"), join(core, "b")
     (part,) = started(core, a)
     with pytest.raises(Forbidden, match=f"part {part.part_id} is not assigned to node {b}"):
         reports.part_started(core, part.part_id, b)
-    nodes.revoke_node(core, a)
+    nodes.revoke_node(core, a, NOBODY)
     with pytest.raises(Forbidden, match="revoked"):
         nodes.poll_node(core, a, [], [])
 
 
 def test_the_clock_fails_a_job_past_its_deadline_without_a_request(core: Core) -> None:
-    job_id, _ = jobs.submit_job(core, JobSpec(max_run_seconds=0.05, max_restarts=2))
+    job_id, _ = jobs.submit_job(core, JobSpec(max_run_seconds=0.05, max_restarts=2), NOBODY)
     node_id = join(core, "a")
     started(core, node_id)
     deadline = time.monotonic() + 10
