@@ -8,7 +8,7 @@ import re
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from cli import commands, local_cluster, studies
+from cli import commands, local_cluster, people, studies
 from cli.api import DEFAULT_SERVER, CliError
 from cli.terminal import shown
 
@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         commands.add_nodes,
         commands.add_trainers,
         commands.add_dashboard,
+        people.add_keys,
+        people.add_audit,
     ):
         add(subcommands)
     local = subcommands.add_parser(

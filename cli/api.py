@@ -85,10 +85,11 @@ def problem(response: httpx.Response, doing: str) -> CliError:
             "server's DDPO_USER_TOKEN"
         )
         return CliError(f"{doing}: the server wants a token: {set_what}")
-    if status == 403:
+    if status == 403 and "role may not" in detail:
+        # Refused for the role, not for whose job it is: say which token helps.
         return CliError(
-            f"{doing}: {detail}; this needs a user or admin token in DDPO_TOKEN "
-            "(the server's DDPO_USER_TOKEN or DDPO_ADMIN_TOKEN)"
+            f"{doing}: {detail}; put a key or token whose role may in DDPO_TOKEN (a user's to "
+            "submit and steer their own jobs, an admin's for keys, the audit log and others' jobs)"
         )
     if status >= 500:
         return ServerFailed(f"{doing}: the server failed ({status}): {detail}")

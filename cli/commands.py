@@ -22,8 +22,9 @@ from cli.terminal import shown
 ENVIRONMENT = (
     "Environment: DDPO_SERVER, the server's URL (default "
     f"{DEFAULT_SERVER}, or the cluster `ddpo local-cluster --keep` keeps on this host); "
-    "DDPO_TOKEN, the bearer token presented (a user token, the server's DDPO_USER_TOKEN, "
-    "to submit and cancel; a read token, DDPO_READ_TOKEN, to look); unset, the kept "
+    "DDPO_TOKEN, the bearer token presented (your own key, from `ddpo keys create`; or a "
+    "role's token: the server's DDPO_USER_TOKEN to submit and cancel, DDPO_READ_TOKEN to "
+    "look); unset, the kept "
     "cluster's, or the admin token a server on this host made for itself."
 )
 

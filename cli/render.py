@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from typing import ParamSpec
 
 from api.schemas import JobPublic, JobsPublic, NodesPublic, StudyPublic
+from api.schemas.people import AuditPublic, KeysPublic
 from api.schemas.public import QueuePublic, TrainersPublic
 from cli.terminal import shown
 
@@ -84,15 +85,17 @@ def jobs_table(jobs: JobsPublic) -> str:
 
 @_for_terminal
 def queue_table(queue: QueuePublic) -> str:
-    lines = [f"{'pos':>4} {'job':>5} {'priority':>8} {'needs':<24} {'code':<18} reason"]
+    lines = [
+        f"{'pos':>4} {'job':>5} {'priority':>8} {'owner':<14} {'needs':<24} {'code':<18} reason"
+    ]
     for entry in queue.data:
         needs = entry.needs
         what = needs.script or needs.trainer or ""
         gpus = f", {needs.gpus_per_node} GPU" if needs.gpus_per_node else ""
         wants = f"{needs.nodes} node(s){gpus}, {what}"
         lines.append(
-            f"{entry.position:>4} {entry.job_id:>5} {entry.priority:>8} {wants:<24} "
-            f"{entry.pending.code.value:<18} {entry.pending.reason}"
+            f"{entry.position:>4} {entry.job_id:>5} {entry.priority:>8} {entry.owner or '-':<14} "
+            f"{wants:<24} {entry.pending.code.value:<18} {entry.pending.reason}"
         )
     lines.append(
         f"({queue.count} queued; {queue.nodes_live} live node(s), {queue.slots_free} free slot(s))"
@@ -204,4 +207,35 @@ def study_table(study: StudyPublic) -> str:
             f"{_f(row.speedup, '.2f'):>8} {_f(row.efficiency, '.2f'):>7} "
             f"{_f(row.train_loss, '.4f'):>7} {accuracy:>9}  {row.status.value}"
         )
+    return "\n".join(lines)
+
+
+def _when(at: datetime | None) -> str:
+    return "-" if at is None else at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@_for_terminal
+def keys_table(keys: KeysPublic) -> str:
+    lines = [f"{'id':>4}  {'name':<20} {'role':<7} {'created (UTC)':<19}  {'by':<14} revoked"]
+    for key in keys.data:
+        revoked = f"{_when(key.revoked_at)} by {key.revoked_by}" if key.revoked_at else "-"
+        lines.append(
+            f"{key.id:>4}  {key.name:<20} {key.role.value:<7} {_when(key.created_at):<19}  "
+            f"{key.created_by or '-':<14} {revoked}"
+        )
+    return "\n".join(lines)
+
+
+@_for_terminal
+def audit_table(audit: AuditPublic) -> str:
+    head = f"{'id':>5}  {'at (UTC)':<19}  {'who':<16} {'from':<15} {'action':<13} "
+    lines = [f"{head}{'target':<10} detail"]
+    for entry in audit.data:
+        detail = " ".join(f"{k}={json.dumps(v)}" for k, v in entry.detail.items())
+        lines.append(
+            f"{entry.id:>5}  {_when(entry.at):<19}  {entry.actor or '-':<16} "
+            f"{entry.address or '-':<15} {entry.action.value:<13} {entry.target:<10} {detail}"
+        )
+    if audit.next_before is not None:
+        lines.append(f"(older entries: --before {audit.next_before})")
     return "\n".join(lines)

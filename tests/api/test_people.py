@@ -3,6 +3,7 @@ job and study, who may steer whose, and the audit log of it all."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from cli.__main__ import main as cli
 from tests.api.conftest import ProtocolNode, ThreadedServer, bearer, make_settings
 
 ADMIN_TOKEN = "admin-7c2e9a1f4b-Wq3n8Rk5tY"
@@ -227,3 +229,52 @@ def test_the_queue_names_each_jobs_owner(http: httpx.Client) -> None:
     http.post("/jobs", json={}, headers=bearer(USER_TOKEN)).raise_for_status()
     queue = http.get("/queue", headers=ADMIN).json()
     assert [j["owner"] for j in queue["data"]] == ["alice", "token:user"]
+
+
+def test_the_cli_creates_lists_and_revokes_keys_and_reads_the_audit_log(
+    guarded: ThreadedServer,
+    http: httpx.Client,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DDPO_TOKEN", ADMIN_TOKEN)
+    server = ["--server", guarded.url]
+    assert cli(["keys", "create", *server, "erin", "--role", "user"]) == 0
+    made = capsys.readouterr().out.splitlines()
+    assert made[0] == "key 1: erin (user)" and made[1].startswith("ddpo-key-")
+    erin = made[1]
+    assert http.get("/whoami", headers=bearer(erin)).json()["name"] == "erin"
+
+    assert cli(["keys", "list", *server]) == 0
+    listed = capsys.readouterr().out
+    assert "erin" in listed and "token:admin" in listed and erin not in listed
+
+    monkeypatch.setenv("DDPO_TOKEN", erin)
+    assert cli(["submit", *server]) == 0
+    assert cli(["keys", "list", *server]) == 1  # a user's key lists no keys
+    said = capsys.readouterr().err
+    assert "the user role may not do this" in said and "an admin's for keys" in said
+    job = http.post("/jobs", json={}, headers=ADMIN).json()
+    assert cli(["cancel", *server, str(job["id"])]) == 1  # not erin's job
+    said = capsys.readouterr().err
+    assert f"job {job['id']} is token:admin's: only its owner or an admin" in said
+    assert "DDPO_TOKEN" not in said  # no token of erin's would help
+
+    monkeypatch.setenv("DDPO_TOKEN", ADMIN_TOKEN)
+    assert cli(["keys", "revoke", *server, "erin"]) == 0
+    assert capsys.readouterr().out.strip() == "key 1 (erin) revoked"
+    assert http.get("/jobs", headers=bearer(erin)).status_code == 401
+    assert cli(["keys", "revoke", *server, "nobody"]) == 1
+    assert "no key is named 'nobody'" in capsys.readouterr().err
+
+    assert cli(["audit", *server]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert [row.split()[3:6] for row in rows] == [
+        ["token:admin", "127.0.0.1", "key.revoke"],
+        ["token:admin", "127.0.0.1", "job.submit"],
+        ["erin", "127.0.0.1", "job.submit"],
+        ["token:admin", "127.0.0.1", "key.create"],
+    ]
+    assert cli(["audit", *server, "--actor", "erin", "--json"]) == 0
+    [entry] = json.loads(capsys.readouterr().out)["data"]
+    assert entry["action"] == "job.submit" and entry["target"] == "job 1"

@@ -18,6 +18,10 @@ TALKS_TO_A_SERVER = [
     "nodes",
     "trainers",
     "study",
+    "keys create",
+    "keys list",
+    "keys revoke",
+    "audit",
 ]
 
 
@@ -30,7 +34,7 @@ def help_of(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 @pytest.mark.parametrize("command", ["", *TALKS_TO_A_SERVER])
 def test_help_names_the_variables_read(capsys: pytest.CaptureFixture[str], command: str) -> None:
-    shown = help_of(capsys, *([command] if command else []))
+    shown = help_of(capsys, *command.split())
     assert "DDPO_SERVER" in shown and "DDPO_TOKEN" in shown
 
 
