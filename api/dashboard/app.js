@@ -66,8 +66,9 @@ function askForToken(refused) {
   card.className = "card";
   card.innerHTML = `
     <h2>${refused ? "The saved token was refused" : "This server needs a token"}</h2>
-    <p class="muted">Paste a read-only token (the server's DDPO_READ_TOKEN) to watch jobs, or a
-      user token (DDPO_USER_TOKEN) to submit and cancel too. It is kept in this browser only.
+    <p class="muted">Paste your key (an admin makes one with <code>ddpo keys create</code>), or a
+      role's token: a read-only one (the server's DDPO_READ_TOKEN) to watch jobs, a user token
+      (DDPO_USER_TOKEN) to submit and cancel too. It is kept in this browser only.
       On the server's host, <code>ddpo dashboard</code> prints a link that carries one.</p>
     <label>Token <input name="token" type="password" autocomplete="off" required></label>
     <button type="submit">Save</button>`;
@@ -177,10 +178,11 @@ function jobsPage() {
           ${STATUSES.map((s) => `<option ${s === wanted ? "selected" : ""}>${s}</option>`).join("")}
         </select></label>
         <span id="jobs-count" class="muted"></span>
-        <a class="button" href="/ui/submit" style="margin-left:auto">New job</a>
+        <a id="compare-selected" class="button" href="/ui/compare" style="margin-left:auto">Compare selected</a>
+        <a class="button" href="/ui/submit">New job</a>
       </div>
       <table id="jobs">
-        <thead><tr><th class="num">id</th><th>name</th><th>status</th><th>topology</th>
+        <thead><tr><th title="pick jobs to compare"></th><th class="num">id</th><th>name</th><th>owner</th><th>status</th><th>topology</th>
           <th class="num">batch</th><th class="num">epochs</th><th>progress</th>
           <th class="num">duration</th><th class="num">accuracy</th></tr></thead>
         <tbody></tbody>
@@ -191,14 +193,29 @@ function jobsPage() {
     history.replaceState(null, "", status ? `?status=${status}` : location.pathname);
     refresh();
   });
+  // Jobs ticked for the compare view, kept across refreshes.
+  const picked = new Set();
+  const compareLink = () => {
+    const link = document.getElementById("compare-selected");
+    link.href = `/ui/compare${picked.size ? `?jobs=${[...picked].sort((a, b) => a - b).join(",")}` : ""}`;
+    link.textContent = picked.size ? `Compare ${picked.size} selected` : "Compare selected";
+  };
+  document.getElementById("jobs").addEventListener("change", (event) => {
+    if (!event.target.matches("input[data-pick]")) return;
+    const id = Number(event.target.dataset.pick);
+    if (event.target.checked) picked.add(id); else picked.delete(id);
+    compareLink();
+  });
   const refresh = async () => {
     const status = document.getElementById("status-filter").value;
     const jobs = await api(`/jobs?limit=200${status ? `&status=${status}` : ""}`);
     document.getElementById("jobs-count").textContent = `${jobs.count} job(s)`;
     document.querySelector("#jobs tbody").innerHTML = jobs.data.map((job) => `
       <tr data-job="${job.id}">
+        <td><input type="checkbox" data-pick="${job.id}" aria-label="compare job ${job.id}" ${picked.has(job.id) ? "checked" : ""}></td>
         <td class="num"><a href="/ui/jobs/${job.id}">${job.id}</a></td>
         <td>${esc(job.name || "")}${job.pending_reason ? `<div class="muted small pending">${esc(job.pending_reason)}</div>` : ""}</td>
+        <td class="owner">${esc(job.owner || "–")}</td>
         <td>${badge(job.status)}</td>
         <td>${topology(job.spec)}</td>
         <td class="num">${job.spec.batch_size}</td>
@@ -206,7 +223,7 @@ function jobsPage() {
         <td>${bar(job)}</td>
         <td class="num">${duration(job.timing.running_seconds)}</td>
         <td class="num">${percent(job.result && job.result.test_accuracy)}</td>
-      </tr>`).join("") || `<tr><td colspan="9" class="muted">No jobs${status ? ` ${status}` : ""}.</td></tr>`;
+      </tr>`).join("") || `<tr><td colspan="11" class="muted">No jobs${status ? ` ${status}` : ""}.</td></tr>`;
   };
   every(LIST_POLL_MS, refresh);
 }
@@ -216,6 +233,7 @@ function jobsPage() {
 function jobPage(id) {
   page().innerHTML = `
     <h1>Job ${id} <span id="job-name" class="muted"></span> <span id="status"></span>
+      <span class="muted small">by <span id="owner">–</span></span>
       <button id="cancel" class="danger" style="margin-left:auto" disabled>Cancel</button></h1>
     <div class="card">
       <div class="row" style="justify-content:space-between;margin-bottom:8px">
@@ -274,7 +292,10 @@ function jobPage(id) {
     document.getElementById("eta").textContent =
       p && p.eta_seconds !== null && job.status === "running" ? `ETA ${duration(p.eta_seconds)}` : "";
     document.getElementById("progress-bar").innerHTML = bar(job, true);
-    document.getElementById("pending").textContent = job.pending_reason || "";
+    document.getElementById("owner").textContent = job.owner || "anyone (no owner recorded)";
+    document.getElementById("pending").textContent = job.status === "queued"
+      ? `${job.queue_position ? `#${job.queue_position} in the queue (priority ${job.priority}): ` : ""}${job.pending_reason || ""}`
+      : "";
 
     const t = job.timing;
     document.getElementById("timing").innerHTML = [
@@ -298,6 +319,8 @@ function jobPage(id) {
            ? [["params", Object.entries(s.params).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ")]]
            : [])];
     const specRows = [
+      ["owner", job.owner || "–"],
+      ["priority", job.priority],
       ["topology", `${topology(s)} (world size ${job.world_size})`],
       ["backend", s.backend], ...what,
       ["batch / process", s.batch_size], ["epochs", s.epochs], ["lr", s.lr], ["seed", s.seed],
@@ -508,6 +531,137 @@ function nodesPage() {
   });
 }
 
+// --- the queue -------------------------------------------------------------------------
+
+function queuePage() {
+  page().innerHTML = `
+    <h1>Queue</h1>
+    <div class="card">
+      <p class="muted">Queued jobs in the order they are tried: higher priority first, then the
+        earlier submitted. A job starts when every node it needs has a free slot; nothing later
+        starts ahead of one that waits for slots (no backfill).</p>
+      <p id="queue-summary"></p>
+      <table id="queue"><thead><tr><th class="num">#</th><th class="num">job</th><th>name</th>
+        <th>owner</th><th class="num">priority</th><th>needs</th><th>free now</th><th>code</th>
+        <th>why it waits</th><th>queued</th></tr></thead><tbody></tbody></table>
+    </div>`;
+  every(LIST_POLL_MS, async () => {
+    const queue = await api("/queue");
+    document.getElementById("queue-summary").textContent =
+      `${queue.count} queued · ${queue.nodes_live} live node(s) · ${queue.slots_free} free slot(s)`;
+    const now = Date.now();
+    document.querySelector("#queue tbody").innerHTML = queue.data.map((q) => {
+      const n = q.needs;
+      const what = n.script ? `script ${n.script}` : `trainer ${n.trainer}`;
+      const gpus = n.gpus_per_node ? `, ${n.gpus_per_node} GPU each` : "";
+      const p = q.pending;
+      return `<tr data-job="${q.job_id}">
+        <td class="num position">${q.position}</td>
+        <td class="num"><a href="/ui/jobs/${q.job_id}">${q.job_id}</a></td>
+        <td>${esc(q.name || "")}</td><td class="owner">${esc(q.owner || "–")}</td>
+        <td class="num priority">${q.priority}</td>
+        <td class="needs">${n.nodes} node(s) × ${n.slots_per_node} slot${gpus}, ${esc(what)}</td>
+        <td class="free" title="free / suitable / live">${p.nodes_free} free of ${p.nodes_suitable} suitable, ${p.nodes_live} live</td>
+        <td><code class="code">${esc(p.code)}</code></td>
+        <td class="reason">${esc(p.reason)}</td>
+        <td>${duration((now - Date.parse(q.created_at)) / 1000)} ago</td></tr>`;
+    }).join("") || `<tr><td colspan="10" class="muted">Nothing is queued.</td></tr>`;
+  });
+}
+
+// --- compare ------------------------------------------------------------------------------
+
+// Several jobs' curves of one metric on one chart, over their steps:
+// /ui/compare?jobs=3,4&metric=loss.
+function comparePage() {
+  const params = new URLSearchParams(location.search);
+  const ids = (params.get("jobs") || "").split(",").map((v) => Number(v.trim()))
+    .filter((v) => Number.isInteger(v) && v > 0);
+  let metric = params.get("metric") || "loss";
+  page().innerHTML = `
+    <h1>Compare</h1>
+    <div class="card">
+      <form id="compare-form" class="row filter" style="margin-bottom:10px">
+        <label>Jobs <input name="jobs" value="${esc(ids.join(", "))}" placeholder="e.g. 3, 4" size="16"></label>
+        <label>Metric <select name="metric" id="metric"></select></label>
+        <button type="submit">Show</button>
+        <span class="muted small">or tick jobs on the <a href="/ui/jobs">Jobs</a> page</span>
+      </form>
+      <div id="compare-chart" class="chart"></div>
+      <p id="compare-empty" class="muted" hidden></p>
+      <table id="compare-jobs"><thead><tr><th class="num">job</th><th>name</th><th>owner</th>
+        <th>status</th><th>topology</th><th class="num">batch</th><th class="num">points</th>
+        <th class="num">last</th></tr></thead><tbody></tbody></table>
+    </div>`;
+  const form = document.getElementById("compare-form");
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const data = new FormData(form);
+    const jobs = String(data.get("jobs")).split(/[\s,]+/).filter(Boolean).join(",");
+    location.search = `?jobs=${encodeURIComponent(jobs)}&metric=${encodeURIComponent(data.get("metric") || "loss")}`;
+  });
+  document.getElementById("metric").addEventListener("change", (event) => {
+    metric = event.target.value;
+    history.replaceState(null, "", `?jobs=${ids.join(",")}&metric=${encodeURIComponent(metric)}`);
+    drawn = "";
+    refresh();
+  });
+  const empty = document.getElementById("compare-empty");
+  if (ids.length === 0) {
+    empty.hidden = false;
+    empty.textContent = "Name two or more jobs to overlay their curves.";
+    document.getElementById("compare-chart").hidden = true;
+    return;
+  }
+  const valueOf = (point, name) => (name in point ? point[name] : point.metrics[name]) ?? null;
+  let drawn = "";
+  const refresh = async () => {
+    const found = await Promise.all(ids.map(async (id) => {
+      try {
+        return { id, job: await api(`/jobs/${id}`), metrics: await api(`/jobs/${id}/metrics?max_points=500`) };
+      } catch (error) {
+        if (error.status === 404) return { id, missing: error.message };
+        throw error;
+      }
+    }));
+    const names = [...new Set(found.flatMap((f) => (f.metrics ? f.metrics.names : [])))];
+    if (!names.includes(metric)) names.unshift(metric);
+    const select = document.getElementById("metric");
+    select.innerHTML = names.map((n) => `<option ${n === metric ? "selected" : ""}>${esc(n)}</option>`).join("");
+    document.querySelector("#compare-jobs tbody").innerHTML = found.map((f) => {
+      if (f.missing) return `<tr data-job="${f.id}"><td class="num">${f.id}</td><td colspan="7" class="problem">${esc(f.missing)}</td></tr>`;
+      const points = f.metrics.points.filter((q) => valueOf(q, metric) !== null);
+      const last = points.length ? valueOf(points[points.length - 1], metric) : null;
+      return `<tr data-job="${f.id}"><td class="num"><a href="/ui/jobs/${f.id}">${f.id}</a></td>
+        <td>${esc(f.job.name || "")}</td><td>${esc(f.job.owner || "–")}</td><td>${badge(f.job.status)}</td>
+        <td>${topology(f.job.spec)}</td><td class="num">${f.job.spec.batch_size}</td>
+        <td class="num points">${points.length}</td><td class="num">${fixed(last, 4)}</td></tr>`;
+    }).join("");
+    const traces = found.filter((f) => f.metrics).map((f) => {
+      const points = f.metrics.points.filter((q) => valueOf(q, metric) !== null);
+      return { x: points.map((q) => q.step), y: points.map((q) => valueOf(q, metric)),
+        name: `job ${f.id}${f.job.name ? ` ${f.job.name}` : ""}`, mode: "lines+markers", marker: { size: 4 } };
+    });
+    const key = JSON.stringify([metric, traces.map((t) => t.x.length)]);
+    const anything = traces.some((t) => t.x.length > 0);
+    empty.hidden = anything;
+    empty.textContent = anything ? "" : `No job here has reported ${metric} yet.`;
+    document.getElementById("compare-chart").hidden = !anything;
+    if (anything && key !== drawn && typeof Plotly !== "undefined") {
+      drawn = key;
+      Plotly.react("compare-chart", traces, {
+        margin: { l: 60, r: 20, t: 10, b: 40 },
+        xaxis: { title: { text: "step" } },
+        yaxis: { title: { text: metric } },
+        legend: { orientation: "h", y: 1.12 },
+        font: { family: getComputedStyle(document.body).fontFamily, size: 12 },
+      }, { displayModeBar: false, responsive: true });
+    }
+    return found.some((f) => f.job && !TERMINAL.has(f.job.status)) || key !== drawn;
+  };
+  every(LIST_POLL_MS, refresh);
+}
+
 // --- studies ---------------------------------------------------------------------------
 
 const studyRowCells = (row) => `
@@ -594,11 +748,24 @@ function route() {
   if (section === "studies") return studiesPage();
   if (section === "submit") return submitPage();
   if (section === "nodes") return nodesPage();
+  if (section === "queue") return queuePage();
+  if (section === "compare") return comparePage();
   if (section === "jobs") return jobsPage();
   page().innerHTML = `<h1>No page ${esc(path)}</h1><div class="card"><p>The dashboard has
-    <a href="/ui/jobs">jobs</a>, <a href="/ui/studies">studies</a>, <a href="/ui/submit">submit</a>
-    and <a href="/ui/nodes">nodes</a>.</p></div>`;
+    <a href="/ui/jobs">jobs</a>, <a href="/ui/queue">the queue</a>, <a href="/ui/compare">compare</a>,
+    <a href="/ui/studies">studies</a>, <a href="/ui/submit">submit</a> and <a href="/ui/nodes">nodes</a>.</p></div>`;
+}
+
+// Who this browser acts as: the key's name (or token:<role>) and its role.
+async function showWhoAmI() {
+  try {
+    const me = await api("/whoami");
+    if (me.name) document.getElementById("whoami").textContent = `${me.name} (${me.role})`;
+  } catch (error) {
+    // The page itself says what is wrong with the token.
+  }
 }
 
 showSignOut();
 route();
+showWhoAmI();

@@ -158,8 +158,9 @@ class Jobs:
 def jobs(cluster: LocalCluster) -> Iterator[Jobs]:
     with cluster.client() as client:
         yield Jobs(client)
-    # Leave the nodes idle for the next test whatever happened in this one.
-    with cluster.client() as client:
+    # Leave the nodes idle for the next test whatever happened in this one
+    # (as an admin: a job a test submitted with a person's key is theirs).
+    with cluster.client("admin") as client:
         for job in client.get("/jobs", params={"limit": 500}).json()["data"]:
             if job["status"] in ("queued", "running"):
                 client.post(f"/jobs/{job['id']}/cancel")

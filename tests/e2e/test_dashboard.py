@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -293,3 +294,127 @@ def test_an_installed_trainer_package_is_offered_with_its_schema_and_its_metrics
     ]
     assert page.locator("#metrics-card").is_visible()
     page.screenshot(path=str(ARTIFACTS / "dashboard-plugin-metrics.png"), full_page=True)
+
+
+def queue_rows(page: Any) -> list[tuple[int, int, str, str]]:
+    """(position, job, owner, reason) of each row the queue page shows."""
+    rows: list[tuple[int, int, str, str]] = page.eval_on_selector_all(
+        "#queue tbody tr[data-job]",
+        """rows => rows.map((r) => [Number(r.querySelector('.position').textContent),
+            Number(r.dataset.job), r.querySelector('.owner').textContent,
+            r.querySelector('.reason').textContent])""",
+    )
+    return [tuple(row) for row in rows]  # type: ignore[misc]
+
+
+def api_queue(jobs: Jobs) -> list[tuple[int, int, str, str]]:
+    queue = jobs.client.get("/queue").raise_for_status().json()
+    return [(q["position"], q["job_id"], q["owner"], q["pending"]["reason"]) for q in queue["data"]]
+
+
+def shows_the_apis_queue(page: Any, jobs: Jobs, timeout_s: float = 15) -> list[Any]:
+    """The page's rows once they match GET /queue (the page polls every 2 s)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        wanted, shown = api_queue(jobs), queue_rows(page)
+        if wanted == shown and wanted:
+            return wanted
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the queue page shows {shown}; GET /queue says {wanted}")
+        time.sleep(0.2)
+
+
+def test_the_queue_page_shows_what_get_queue_says_and_follows_a_priority_change(
+    page: Any, cluster: LocalCluster, jobs: Jobs
+) -> None:
+    assert cluster.tokens is not None
+    with cluster.client("admin") as admin:
+        made = admin.post("/keys", json={"name": f"alice-{uuid.uuid4().hex[:6]}", "role": "user"})
+        alice = made.raise_for_status().json()
+    # Both single-slot nodes busy for far longer than the test.
+    blockers = [jobs.submit(epochs=3, name="blocker") for _ in range(2)]
+    for blocker in blockers:
+        jobs.wait(blocker, lambda j: j["status"] == "running", 60, "the blocker to run")
+    both = jobs.client.post(
+        "/jobs",
+        json={"name": "alices-2x1", "topology": {"num_machines": 2, "num_processes": 1}},
+        headers={"Authorization": f"Bearer {alice['key']}"},
+    ).json()
+    small = jobs.submit(name="small")
+
+    page.goto(f"{cluster.url}/ui/queue")
+    sign_in(page, cluster, cluster.tokens.user)
+    shown = shows_the_apis_queue(page, jobs)
+    assert [(pos, job, owner) for pos, job, owner, _ in shown] == [
+        (1, both["id"], alice["name"]),
+        (2, small, "token:user"),
+    ]
+    assert page.locator(f"#queue tr[data-job='{both['id']}'] .free").inner_text() == (
+        "0 free of 2 suitable, 2 live"
+    )
+    assert page.locator(f"#queue tr[data-job='{both['id']}'] .code").inner_text() == (
+        "waiting_for_slots"
+    )
+    page.screenshot(path=str(ARTIFACTS / "dashboard-queue.png"), full_page=True)
+
+    # Raised above alice's job: first at once, in the API and on the page.
+    jobs.client.patch(f"/jobs/{small}", json={"priority": 10}).raise_for_status()
+    shown = shows_the_apis_queue(page, jobs)
+    assert [job for _, job, _, _ in shown] == [small, both["id"]]
+    assert page.locator(f"#queue tr[data-job='{small}'] .priority").inner_text() == "10"
+
+    # The job page names its owner and its place.
+    page.goto(f"{cluster.url}/ui/jobs/{both['id']}")
+    page.locator("#owner", has_text=alice["name"]).wait_for()
+    page.locator("#pending", has_text="#2 in the queue (priority 0)").wait_for()
+    # Not the user token's to cancel: refused, and the page says why.
+    alerts: list[str] = []
+
+    def answer(dialog: Any) -> None:
+        if dialog.type == "alert":
+            alerts.append(dialog.message)
+        dialog.accept()
+
+    page.on("dialog", answer)
+    page.click("#cancel")
+    page.wait_for_function("document.querySelector('#status .badge').textContent === 'queued'")
+    deadline = time.monotonic() + 10
+    while not alerts and time.monotonic() < deadline:
+        page.wait_for_timeout(100)  # lets the page's events (the alert) through
+    assert alerts and "only its owner or an admin may cancel it" in alerts[0]
+    assert jobs.get(both["id"])["status"] == "queued"
+
+
+def test_the_compare_view_overlays_two_jobs_loss_curves(
+    page: Any, cluster: LocalCluster, jobs: Jobs
+) -> None:
+    assert cluster.tokens is not None
+    first = jobs.submit(max_steps_per_epoch=60, lr=0.5, name="lr-0.5")
+    second = jobs.submit(max_steps_per_epoch=60, lr=0.05, name="lr-0.05")
+    for job_id in (first, second):
+        assert jobs.wait_done(job_id)["status"] == "succeeded"
+    page.goto(f"{cluster.url}/ui/jobs")
+    sign_in(page, cluster, cluster.tokens.read)
+    for job_id in (first, second):
+        page.locator(f"#jobs input[data-pick='{job_id}']").check()
+    page.click("#compare-selected")
+    page.wait_for_url(re.compile(r"/ui/compare\?jobs="))
+    page.wait_for_function(
+        "document.getElementById('compare-chart').data?.length === 2", timeout=15_000
+    )
+    traces = page.eval_on_selector("#compare-chart", "c => c.data.map((t) => [t.name, t.x, t.y])")
+    for (name, steps, losses), job_id in zip(traces, (first, second), strict=True):
+        points = jobs.client.get(f"/jobs/{job_id}/metrics").json()["points"]
+        assert name.startswith(f"job {job_id} ")
+        assert steps == [p["step"] for p in points] and len(steps) >= 5
+        assert losses == [p["loss"] for p in points]
+    assert traces[0][2] != traces[1][2]  # two curves, not one drawn twice
+    assert page.eval_on_selector("#compare-chart", "c => c.layout.yaxis.title.text") == "loss"
+    page.screenshot(path=str(ARTIFACTS / "dashboard-compare.png"), full_page=True)
+
+    # Any reported metric: throughput, picked from the menu.
+    page.select_option("#metric", "samples_per_sec")
+    page.wait_for_function(
+        "document.getElementById('compare-chart').layout.yaxis.title.text === 'samples_per_sec'"
+    )
+    assert "metric=samples_per_sec" in page.url
