@@ -73,3 +73,29 @@ def _first_attempt_killed(ctx: TrainContext) -> TrainResult | None:
 
 
 KILLED_ONCE = Trainer(train=_first_attempt_killed)
+
+
+def hold_marker(name: str) -> str:
+    """The file whose appearance lets a ``hold`` job of this name finish."""
+    import tempfile
+    from pathlib import Path
+
+    return str(Path(tempfile.gettempdir()) / f"ddpo-release-{name}")
+
+
+def _held_until_released(ctx: TrainContext) -> TrainResult | None:
+    """Every rank waits, idle, until the test touches the job's marker (at
+    most 5 minutes): a job that holds its slots for exactly as long as a
+    test needs, without training's CPU."""
+    import time
+    from pathlib import Path
+
+    marker = Path(hold_marker(ctx.spec.name or ""))
+    deadline = time.monotonic() + 300
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    dist.all_reduce(torch.ones(1))
+    return None
+
+
+HOLD = Trainer(train=_held_until_released)
