@@ -30,6 +30,7 @@ pytestmark = pytest.mark.e2e
 CURL = "### A cluster to play with, then curl"
 CLI = "### The command line"
 STUDIES = "### Scaling studies"
+PEOPLE = "### People: keys, owners and the audit log"
 
 
 def shell_blocks(heading: str) -> list[str]:
@@ -119,6 +120,22 @@ def test_readmes_kept_cluster_and_curl_lines_work_as_written(
         assert "model" in checkpoint
         cancelled = httpx.get(f"{found.server}/jobs/2", headers=headers, timeout=10).json()
         assert cancelled["status"] in ("cancelled", "cancelling")
+
+        # Keys, owners and the audit log, on the same cluster.
+        (people,) = shell_blocks(PEOPLE)
+        shown = run_block(f"{prelude}\nsource {sys.prefix}/bin/activate", people, tmp_path, env)
+        compact = shown.replace(" ", "")
+        assert '{"name":"alice","role":"user"}' in compact
+        assert '"owner":"alice"' in compact and '"action":"job.submit"' in compact
+        assert '"revoked_by":"token:admin"' in compact
+        assert "a valid bearer token is needed" in shown  # alice's key, once revoked
+        assert "key 2: bob (reader)" in shown and "key 2 (bob) revoked" in shown
+        audit = [line.split() for line in shown.splitlines() if "key.create" in line]
+        # id, date, time, who, from, action, target ("key N"), detail; newest first.
+        assert [(row[3], row[5], " ".join(row[6:8])) for row in audit] == [
+            ("token:admin", "key.create", "key 2"),
+            ("token:admin", "key.create", "key 1"),
+        ], audit
 
 
 @pytest.mark.timeout(900)  # every CLI line, the study and a one-shot cluster included
