@@ -140,8 +140,8 @@ class _Orchestrator(FastAPI):
                 "bearer": {
                     "type": "http",
                     "scheme": "bearer",
-                    "description": "A role's token (README, Tokens and roles), or a "
-                    "node's own credential",
+                    "description": "A person's key, a role's token (README, Tokens and "
+                    "roles), or a node's own credential",
                 },
             }
             for path, operations in document.get("paths", {}).items():
