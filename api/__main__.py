@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
         "admin and a join token on its first start and keeps them beside its database "
         "(DDPO_TOKEN_FILE), where ddpo and workers on this host find them; DDPO_NO_AUTH=1 "
         "serves loopback without tokens instead. DDPO_CORS_ORIGINS opens the API "
-        "to pages of other origins; DDPO_MAX_BODY_KB caps request bodies. "
+        "to pages of other origins; DDPO_MAX_BODY_KB caps request bodies; DDPO_TRUSTED_PROXIES "
+        "names reverse proxies whose X-Forwarded-For the audit log believes. "
         "`ddpo-server db upgrade` brings an older database's schema up to date.",
     )
     parser.add_argument("--host", help="address to bind [DDPO_HOST, default 127.0.0.1]")

@@ -97,6 +97,10 @@ def uvicorn_options(settings: ServerSettings) -> dict[str, Any]:
         "http": protocol,
         "timeout_keep_alive": settings.keep_alive_s,
         "limit_concurrency": settings.max_connections,
+        # uvicorn believes X-Forwarded-For from loopback by default: any local
+        # process could then put any address in the audit log.
+        "proxy_headers": bool(settings.trusted_proxies),
+        "forwarded_allow_ips": settings.trusted_proxies or None,
     }
 
 

@@ -81,6 +81,12 @@ class ServerSettings(BaseSettings):
         description="Names (comma-separated) requests may carry in their Host header; "
         "none: the bound address and localhost, or any name when binding 0.0.0.0; * any",
     )
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Addresses (comma-separated) of reverse proxies whose X-Forwarded-For "
+        "names the client (in the audit log); none by default: the connection's peer, "
+        "whatever a request's headers claim",
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Origins whose pages may call the API from a browser, comma-separated "
@@ -152,7 +158,7 @@ class ServerSettings(BaseSettings):
     def tokens_configured(self) -> bool:
         return any(t is not None and t.get_secret_value() for t in self.role_tokens.values())
 
-    @field_validator("cors_origins", "allowed_hosts", mode="before")
+    @field_validator("cors_origins", "allowed_hosts", "trusted_proxies", mode="before")
     @classmethod
     def _split_origins(cls, value: object) -> object:
         if isinstance(value, str):

@@ -278,3 +278,21 @@ def test_the_cli_creates_lists_and_revokes_keys_and_reads_the_audit_log(
     assert cli(["audit", *server, "--actor", "erin", "--json"]) == 0
     [entry] = json.loads(capsys.readouterr().out)["data"]
     assert entry["action"] == "job.submit" and entry["target"] == "job 1"
+
+
+def test_the_audit_log_records_the_peer_not_what_a_header_claims(
+    http: httpx.Client, tmp_path: Path
+) -> None:
+    spoofed = {**ADMIN, "X-Forwarded-For": "203.0.113.9"}
+    http.post("/keys", json={"name": "erin", "role": "user"}, headers=spoofed).raise_for_status()
+    assert [e["address"] for e in audit(http)] == ["127.0.0.1"]
+    # Behind a proxy the operator named, the header names the client.
+    (tmp_path / "behind").mkdir()
+    behind = make_settings(
+        tmp_path / "behind", admin_token=ADMIN_TOKEN, trusted_proxies="127.0.0.1"
+    )
+    with ThreadedServer(behind) as server, httpx.Client(base_url=server.url) as proxied:
+        made = proxied.post("/keys", json={"name": "frank", "role": "user"}, headers=spoofed)
+        assert made.status_code == 201, made.text
+        entries = proxied.get("/audit", headers=ADMIN).json()["data"]
+    assert [e["address"] for e in entries] == ["203.0.113.9"]
