@@ -62,7 +62,7 @@ def duration(seconds: float | None) -> str:
 def jobs_table(jobs: JobsPublic) -> str:
     lines = [
         f"{'id':>5}  {'status':<10} {'topology':<9} {'batch':>5} {'epochs':>6} "
-        f"{'progress':>8} {'duration':>9} {'accuracy':>8}  name"
+        f"{'progress':>8} {'duration':>9} {'accuracy':>8}  {'owner':<14} name"
     ]
     for job in jobs.data:
         t = job.spec.topology
@@ -75,7 +75,8 @@ def jobs_table(jobs: JobsPublic) -> str:
         lines.append(
             f"{job.id:>5}  {job.status.value:<10} {f'{t.num_machines} x {t.num_processes}':<9} "
             f"{job.spec.batch_size:>5} {job.spec.epochs:>6} {progress:>8} "
-            f"{duration(job.timing.running_seconds):>9} {accuracy:>8}  {job.name or ''}"
+            f"{duration(job.timing.running_seconds):>9} {accuracy:>8}  {job.owner or '-':<14} "
+            f"{job.name or ''}"
         )
         if job.pending_reason:
             lines.append(f"{'':>7}waiting: {job.pending_reason}")

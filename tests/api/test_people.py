@@ -251,6 +251,10 @@ def test_the_cli_creates_lists_and_revokes_keys_and_reads_the_audit_log(
 
     monkeypatch.setenv("DDPO_TOKEN", erin)
     assert cli(["submit", *server]) == 0
+    capsys.readouterr()
+    assert cli(["list", *server]) == 0
+    [row] = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("1 ")]
+    assert row.split()[-1] == "erin"  # the owner column (the job has no name)
     assert cli(["keys", "list", *server]) == 1  # a user's key lists no keys
     said = capsys.readouterr().err
     assert "the user role may not do this" in said and "an admin's for keys" in said
