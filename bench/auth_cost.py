@@ -1,12 +1,13 @@
 """What checking a token costs a request: the server's outer layers (the
 authentication middleware and the body cap) around an app that does
-nothing, called in this process with a read token on ``GET /jobs/{id}``,
-with tokens configured and without, alternated.
+nothing, called in this process on ``GET /jobs/{id}`` with a read token,
+with a reader's own key (100 people's keys loaded), and with no tokens
+configured, alternated.
 
     python -m bench.auth_cost --rounds 5
 
-Prints microseconds per request for both, and their difference: what every
-dashboard poll pays for its token.
+Prints microseconds per request for each, and the differences: what every
+dashboard poll pays for its token or key.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pydantic import SecretStr
 from starlette.types import Receive, Scope, Send
 
 from api.auth import AuthMiddleware, NodeCredentials, Role, TokenBook
+from api.credentials import ApiKeys, KeyHolder, digest
 from api.limits import BodyLimitMiddleware
 
 CALLS = 20_000
@@ -59,16 +61,24 @@ def main(argv: list[str] | None = None) -> None:
     read = tokens[Role.READER].get_secret_value()
     nodes = NodeCredentials()
     nodes.load([(i, secrets.token_hex(32)) for i in range(1, 101)])  # 100 nodes joined
-    checked, open_ = _layers(TokenBook(tokens, nodes)), _layers(TokenBook({}, nodes))
+    people = [secrets.token_urlsafe(32) for _ in range(100)]  # 100 people's keys
+    keys = ApiKeys()
+    keys.load(
+        [(digest(k), KeyHolder(i, f"person-{i}", Role.READER)) for i, k in enumerate(people, 1)]
+    )
+    checked, open_ = _layers(TokenBook(tokens, nodes, keys)), _layers(TokenBook({}, nodes))
     with_tokens: list[float] = []
+    with_keys: list[float] = []
     without: list[float] = []
     for _ in range(args.rounds):
         with_tokens.append(asyncio.run(_per_call_us(checked, read)))
+        with_keys.append(asyncio.run(_per_call_us(checked, people[-1])))
         without.append(asyncio.run(_per_call_us(open_, read)))
-    on, off = statistics.median(with_tokens), statistics.median(without)
-    print(f"tokens checked: {on:.1f} us a request (median of {args.rounds} x {CALLS})")
+    on, key, off = (statistics.median(t) for t in (with_tokens, with_keys, without))
+    print(f"a role token:   {on:.1f} us a request (median of {args.rounds} x {CALLS})")
+    print(f"a person's key: {key:.1f} us a request")
     print(f"no tokens:      {off:.1f} us a request")
-    print(f"a token costs:  {on - off:.1f} us a request")
+    print(f"a token costs:  {on - off:.1f} us a request; a key {key - off:.1f} us")
 
 
 if __name__ == "__main__":

@@ -87,7 +87,9 @@ def test_a_readers_token_on_a_write_says_which_role_is_needed(
     cluster: LocalCluster, command: list[str]
 ) -> None:
     done = ddpo(*command, env=cluster.cli_env() | {"DDPO_TOKEN": cluster.tokens.read})  # type: ignore[union-attr]
-    assert_one_clear_line(done, "the reader role may not do this", "user or admin token")
+    assert_one_clear_line(
+        done, "the reader role may not do this", "a key or token whose role may in DDPO_TOKEN"
+    )
 
 
 def test_conflicts_show_the_servers_reason(cluster: LocalCluster, jobs: Jobs) -> None:
