@@ -22,7 +22,7 @@ def add_keys(commands: Any) -> None:
         description="Per-person API keys. Each has a name and a role; what its holder "
         "submits is theirs, and the audit log names them. Admins only.",
     )
-    actions = parser.add_subparsers(dest="keys_command", required=True)
+    actions = parser.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     create = actions.add_parser("create", help="make a key; its secret is printed this once")
     add_connection_arguments(create)
     create.add_argument("name", help="who it is for: lower case, digits, . _ @ -")
