@@ -242,6 +242,11 @@ function jobPage(id) {
       </div>
       <div id="progress-bar"></div>
       <div id="pending" class="muted" style="margin-top:8px"></div>
+      <form id="priority-form" class="row filter" style="margin-top:8px" hidden>
+        <label>Priority <input id="priority" name="priority" type="number" min="-1000" max="1000" step="1" required></label>
+        <button type="submit">Set</button>
+        <span class="muted small">higher is tried first; while queued</span>
+      </form>
     </div>
     <div class="card"><h2>Loss and throughput</h2><div id="loss-chart" class="chart"></div>
       <p id="chart-empty" class="muted" hidden></p></div>
@@ -273,6 +278,17 @@ function jobPage(id) {
     }
   });
 
+  const priorityForm = document.getElementById("priority-form");
+  priorityForm.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const priority = Number(document.getElementById("priority").value);
+    try {
+      render(await api(`/jobs/${id}`, { method: "PATCH", body: JSON.stringify({ priority }) }));
+    } catch (error) {
+      alert(`Could not change the priority: ${error.message}`);
+    }
+  });
+
   let lastSeq = null;
   let chartPoints = -1;
   let finalLogs = false;
@@ -281,8 +297,14 @@ function jobPage(id) {
     document.title = `ddpo · job ${job.id} ${job.status}`;
     document.getElementById("job-name").textContent = job.name || "";
     document.getElementById("status").innerHTML = badge(job.status);
+    // Only its owner or an admin may steer a job: say so rather than offer it.
+    const steer = maySteer(job);
     cancel.hidden = TERMINAL.has(job.status);
-    cancel.disabled = job.status === "cancelling";
+    cancel.disabled = job.status === "cancelling" || !steer;
+    cancel.title = steer ? "" : `job ${job.id} is ${job.owner}'s: only its owner or an admin may cancel it`;
+    priorityForm.hidden = job.status !== "queued" || !steer;
+    const priorityInput = document.getElementById("priority");
+    if (document.activeElement !== priorityInput) priorityInput.value = job.priority;
     const p = job.progress;
     const pct = job.status === "succeeded" ? 100 : p ? p.percent : 0;
     document.getElementById("percent").textContent = `${pct.toFixed(1)}%`;
@@ -756,14 +778,26 @@ function route() {
     <a href="/ui/studies">studies</a>, <a href="/ui/submit">submit</a> and <a href="/ui/nodes">nodes</a>.</p></div>`;
 }
 
-// Who this browser acts as: the key's name (or token:<role>) and its role.
+// Who this browser acts as: the key's name (or token:<role>) and its role;
+// null until known, and on a server without tokens.
+let ME = null;
+
 async function showWhoAmI() {
   try {
     const me = await api("/whoami");
-    if (me.name) document.getElementById("whoami").textContent = `${me.name} (${me.role})`;
+    if (me.name) {
+      ME = me;
+      document.getElementById("whoami").textContent = `${me.name} (${me.role})`;
+    }
   } catch (error) {
     // The page itself says what is wrong with the token.
   }
+}
+
+// As the server decides (api/core/people.py): the owner, an admin, or anyone
+// for a job with no owner. Unknown yet: offered, and the server decides.
+function maySteer(job) {
+  return ME === null || ME.role === "admin" || !job.owner || job.owner === ME.name;
 }
 
 showSignOut();
