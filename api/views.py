@@ -473,16 +473,7 @@ def read_studies(*, db: Database, limit: int, offset: int) -> public.StudiesPubl
 
 
 def key_public(key: ApiKey) -> people.KeyPublic:
-    assert key.id is not None
-    return people.KeyPublic(
-        id=key.id,
-        name=key.name,
-        role=key.role,
-        created_at=key.created_at,
-        created_by=key.created_by,
-        revoked_at=key.revoked_at,
-        revoked_by=key.revoked_by,
-    )
+    return people.KeyPublic.model_validate(key, from_attributes=True)
 
 
 def read_keys(*, db: Database) -> people.KeysPublic:
@@ -503,19 +494,7 @@ def read_audit(
         rows = queries.audit_entries(
             session=session, limit=limit, before=before, actor=actor, action=action, target=target
         )
-    entries = [
-        people.AuditEntryPublic(
-            id=row.id or 0,
-            at=row.at,
-            actor=row.actor,
-            role=row.role,
-            address=row.address,
-            action=row.action,
-            target=row.target,
-            detail=row.detail,
-        )
-        for row in rows
-    ]
+    entries = [people.AuditEntryPublic.model_validate(r, from_attributes=True) for r in rows]
     return people.AuditPublic(
         data=entries, next_before=entries[-1].id if len(entries) == limit else None
     )

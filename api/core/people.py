@@ -41,7 +41,8 @@ class Actor:
         return self.is_admin or owner is None or owner == self.name
 
 
-# Background work (the sweep) acts as no one: it is not audited.
+# Acting outside any request (a test, a script on the server's host): no
+# name and no role, so allowed everything, and recorded as no one.
 NOBODY = Actor(name=None, role=None)
 
 
