@@ -22,7 +22,7 @@ from api.auth import AuthMiddleware, Caller, TokenBook
 from api.core.clock import tick, write_sightings
 from api.core.context import Core
 from api.core.errors import DomainError
-from api.core.people import key_holder_of, load_keys
+from api.core.people import holder_of, load_keys
 from api.core.retention import prune
 from api.deps import refuse_unknown_query
 from api.head import HeadAsGet
@@ -225,10 +225,10 @@ def _caller_in_database(core: Core, hexdigest: str) -> Caller | None:
     """The node or live key this digest is of, read from the database."""
     with core.db.read() as session:
         node_id = queries.node_of_credential(session=session, hexdigest=hexdigest)
-    if node_id is not None:
-        return Caller(Role.NODE, node_id)
-    holder = key_holder_of(core, hexdigest)
-    return None if holder is None else Caller(holder.role, key=holder)
+        if node_id is not None:
+            return Caller(Role.NODE, node_id)
+        key = queries.live_key_of(session=session, hexdigest=hexdigest)
+        return None if key is None else Caller(key.role, key=holder_of(key))
 
 
 def _heard(core: Core, notifier: Notifier, change: Change) -> None:

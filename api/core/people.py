@@ -91,15 +91,14 @@ def create_key(core: Core, create: KeyCreate, actor: Actor) -> tuple[ApiKey, str
             role=key.role.value,
         )
         session.expunge(key)
-    assert key.id is not None
-    core.keys.bind(hexdigest, KeyHolder(key.id, key.name, key.role))
+    core.keys.bind(hexdigest, holder_of(key))
     log.info("key %d (%s, %s) created by %s", key.id, key.name, key.role.value, actor.name)
     return key, secret
 
 
 def revoke_key(core: Core, key_id: int, actor: Actor) -> ApiKey:
-    """Refuse the key from now on (on this server at once, on others as
-    soon as they hear the note; their database look-up refuses it anyway)."""
+    """Refuse the key from now on: on this server from the next request, on
+    the others once they hear the note (api/main.py, _heard)."""
     with core.db.write() as session:
         key = queries.get_key(session=session, key_id=key_id, for_update=True)
         if key is None:
@@ -115,16 +114,15 @@ def revoke_key(core: Core, key_id: int, actor: Actor) -> ApiKey:
     return key
 
 
+def holder_of(key: ApiKey) -> KeyHolder:
+    """What the auth layer keeps of a stored key."""
+    assert key.id is not None
+    return KeyHolder(key.id, key.name, key.role)
+
+
 def load_keys(core: Core) -> None:
     """Every live key into memory (at startup, and when another server
     changed some)."""
     with core.db.read() as session:
         keys = queries.live_keys(session=session)
-    core.keys.load([(k.digest, KeyHolder(k.id, k.name, k.role)) for k in keys if k.id])
-
-
-def key_holder_of(core: Core, hexdigest: str) -> KeyHolder | None:
-    """The live key with this digest, from the database."""
-    with core.db.read() as session:
-        key = queries.live_key_of(session=session, hexdigest=hexdigest)
-    return None if key is None or key.id is None else KeyHolder(key.id, key.name, key.role)
+    core.keys.load([(key.digest, holder_of(key)) for key in keys])
