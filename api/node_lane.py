@@ -121,7 +121,9 @@ def _parsed(model: type[PollRequest] | type[HeartbeatRequest], body: bytes) -> A
     """The body as ``model``, or None: FastAPI says what is wrong with it."""
     try:
         return model.model_validate(json.loads(body))
-    except (ValueError, ValidationError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except (ValueError, ValidationError, RecursionError):
+        # JSONDecodeError and UnicodeDecodeError are ValueErrors; RecursionError
+        # is JSON nested past the parser's depth (FastAPI answers 400).
         return None
 
 

@@ -24,6 +24,8 @@ class NodeCapacity:
     trainers: frozenset[str]
     # Script path -> SHA-256 of its content on this node.
     scripts: Mapping[str, str] = field(default_factory=dict)
+    # (trainer, version) of each trainer it offers.
+    trainer_versions: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,10 @@ def _suits(node: NodeCapacity, spec: JobSpec) -> bool:
         held = node.scripts.get(spec.script.path)
         if held is None or spec.script.sha256 not in (None, held):
             return False
-    elif spec.trainer not in node.trainers:
+    elif spec.trainer not in node.trainers or (
+        spec.trainer_version is not None
+        and (spec.trainer, spec.trainer_version) not in node.trainer_versions
+    ):
         return False
     return not (spec.backend == "nccl" and node.gpus < spec.topology.num_processes)
 

@@ -12,7 +12,7 @@ from typing import ParamSpec
 from api.schemas import JobPublic, JobsPublic, NodesPublic, StudyPublic
 from api.schemas.people import AuditPublic, KeysPublic
 from api.schemas.public import QueuePublic, TrainersPublic
-from cli.terminal import shown
+from cli.terminal import one_line, shown
 
 P = ParamSpec("P")
 
@@ -76,10 +76,10 @@ def jobs_table(jobs: JobsPublic) -> str:
             f"{job.id:>5}  {job.status.value:<10} {f'{t.num_machines} x {t.num_processes}':<9} "
             f"{job.spec.batch_size:>5} {job.spec.epochs:>6} {progress:>8} "
             f"{duration(job.timing.running_seconds):>9} {accuracy:>8}  {job.owner or '-':<14} "
-            f"{job.name or ''}"
+            f"{one_line(job.name or '')}"
         )
         if job.pending_reason:
-            lines.append(f"{'':>7}waiting: {job.pending_reason}")
+            lines.append(f"{'':>7}waiting: {one_line(job.pending_reason)}")
     lines.append(f"({len(jobs.data)} of {jobs.count})")
     return "\n".join(lines)
 
@@ -96,7 +96,8 @@ def queue_table(queue: QueuePublic) -> str:
         wants = f"{needs.nodes} node(s){gpus}, {what}"
         lines.append(
             f"{entry.position:>4} {entry.job_id:>5} {entry.priority:>8} {entry.owner or '-':<14} "
-            f"{wants:<24} {entry.pending.code.value:<18} {entry.pending.reason}"
+            f"{one_line(wants):<24} {entry.pending.code.value:<18} "
+            f"{one_line(entry.pending.reason)}"
         )
     lines.append(
         f"({queue.count} queued; {queue.nodes_live} live node(s), {queue.slots_free} free slot(s))"
@@ -117,7 +118,8 @@ def nodes_table(nodes: NodesPublic) -> str:
             f"job {p.job_id} m{p.machine_id} ({p.status.value})" for p in node.parts
         )
         lines.append(
-            f"{node.id:>4}  {node.name:<16} {node.address:<16} {node.state.value:<7} "
+            f"{node.id:>4}  {one_line(node.name):<16} {one_line(node.address):<16} "
+            f"{node.state.value:<7} "
             f"{node.slots:>5} {node.cpus:>4} {node.gpus:>4} {ago:>10}  {running or '-'}"
         )
     if nodes.count > len(nodes.data):
@@ -142,7 +144,8 @@ def trainers_table(offered: TrainersPublic) -> str:
                 or "none"
             )
         lines.append(
-            f"{trainer.name:<20} {trainer.version:<10} {params}  {', '.join(trainer.nodes)}"
+            f"{trainer.name:<20} {one_line(trainer.version):<10} {one_line(params)}  "
+            f"{', '.join(trainer.nodes)}"
         )
     if offered.scripts:
         lines += ["", f"{'script':<31} {'sha256':<12}  nodes"]
@@ -168,7 +171,9 @@ def summary(job: JobPublic) -> str:
         f"training {_s(t.training_seconds)}, evaluation {_s(t.eval_seconds)})",
     ]
     for part in job.parts:
-        lines.append(f"  machine {part.machine_id} on {part.node_name}: {part.status.value}")
+        lines.append(
+            f"  machine {part.machine_id} on {one_line(part.node_name)}: {part.status.value}"
+        )
     r = job.result
     if r is not None:
         if r.test_accuracy is not None:
@@ -180,7 +185,7 @@ def summary(job: JobPublic) -> str:
             lines.append(f"throughput: {r.samples_per_sec:,.0f} samples/s")
     if job.error is not None:
         e = job.error
-        lines.append(f"error ({e.reason}): {e.message}")
+        lines.append(f"error ({e.reason}): {one_line(e.message)}")
         if e.traceback_tail:
             lines.append("  " + e.traceback_tail.strip().replace("\n", "\n  "))
     return "\n".join(lines)

@@ -278,12 +278,21 @@ def list_nodes(
 
 def live_node_capacities(
     *, session: Session
-) -> list[tuple[int, str, int, int, list[str], dict[str, str]]]:
-    """(id, name, slots, gpus, trainers, scripts) of every live node: the
-    columns placement reads, without building a row object for each."""
+) -> list[tuple[int, str, int, int, list[str], dict[str, str], list[dict[str, Any]]]]:
+    """(id, name, slots, gpus, trainers, scripts, trainer offers) of every
+    live node: the columns placement reads, without building a row object
+    for each."""
     # SQLAlchemy's own select: SQLModel's is typed for four columns at most.
     statement = (
-        sa_select(Node.id, Node.name, Node.slots, Node.gpus, Node.trainers, Node.scripts)  # type: ignore[call-overload]
+        sa_select(  # type: ignore[call-overload]
+            Node.id,
+            Node.name,
+            Node.slots,
+            Node.gpus,
+            Node.trainers,
+            Node.scripts,
+            Node.trainer_offers,
+        )
         .where(Node.state == NodeState.LIVE)
         .order_by(col(Node.id))
     )

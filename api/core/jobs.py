@@ -26,8 +26,12 @@ def submit_job(
     """The job's id, and whether it is new: a key seen before returns its
     job (the same spec, the same submitter) rather than a second one. The
     job is ``actor``'s."""
-    with core.db.write() as session:
+    # Checked in a read of its own: the check takes CPU, and no other
+    # write waits for it (what the nodes offer may change meanwhile; a job
+    # placed later is placed on what they offer then).
+    with core.db.read() as session:
         spec = offers.checked(session, spec)
+    with core.db.write() as session:
         if idempotency_key is not None:
             existing = queries.get_job_by_idempotency_key(session=session, key=idempotency_key)
             expires = timedelta(hours=core.settings.idempotency_key_hours)
@@ -101,8 +105,9 @@ def set_priority(core: Core, job_id: int, priority: int, actor: Actor) -> None:
 def submit_study(core: Core, create: StudyCreate, actor: Actor) -> int:
     """The study and all its jobs, queued at once, ``actor``'s; they run in
     row order."""
-    with core.db.write() as session:
+    with core.db.read() as session:
         create = create.model_copy(update={"spec": offers.checked(session, create.spec)})
+    with core.db.write() as session:
         study = queries.insert_study(session=session, name=create.name, owner=actor.name)
         assert study.id is not None
         for index, row in enumerate(create.rows):

@@ -5,18 +5,20 @@ a parameter its trainer refuses is a 422 now, not a crash on a node later."""
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
 from sqlmodel import Session
 
 from api.core.errors import InvalidFields
-from api.schemas import JobSpec
+from api.schemas import JobSpec, params_schema
 from api.schemas.public import ScriptPublic, TrainerPublic, TrainersPublic
 from db import queries
 from db.engine import memoized
 from db.models import Node
+
+log = logging.getLogger(__name__)
 
 # A submit reports this many refused parameters at most.
 MAX_REPORTED_ERRORS = 20
@@ -41,12 +43,23 @@ def _read_trainer_variants(session: Session) -> list[_Variant]:
     for node, offers, _scripts in queries.live_node_offers(session=session):
         for offer in offers:
             schema = offer.get("params_schema")
+            if schema is not None and not _safe(schema):
+                continue  # kept before schemas were checked at registration
             key = (offer["name"], offer.get("version", "0"), json.dumps(schema, sort_keys=True))
             variant = variants.setdefault(
                 key, _Variant(offer["name"], offer.get("version", "0"), schema)
             )
             variant.nodes.append(node)
     return sorted(variants.values(), key=lambda v: (v.name, v.version))
+
+
+def _safe(schema: dict[str, Any]) -> bool:
+    try:
+        params_schema.check(schema)
+    except params_schema.SchemaRefused as exc:
+        log.warning("a node's schema kept from before it was checked is refused: %s", exc)
+        return False
+    return True
 
 
 def _script_hashes(session: Session) -> dict[tuple[str, str], list[str]]:
@@ -77,28 +90,41 @@ def checked(session: Session, spec: JobSpec) -> JobSpec:
     """The spec as it will be stored: its params valid for its trainer as the
     live nodes declare it, its script pinned to the content they have.
 
+    The params must satisfy every schema the live nodes declare for the
+    trainer (for ``trainer_version`` alone, when the job names one); a node
+    that declares none takes any params. So one node can make a submit
+    stricter, never looser: a node offering a permissive "version 0" does
+    not let through what the others refuse.
+
     A trainer or script no live node has yet is let through: the job waits,
-    queued, with a pending reason naming it (GET /jobs/{id})."""
+    queued, with a pending reason naming it (GET /jobs/{id}).
+
+    Run it outside the write transaction: it takes CPU, never I/O, and no
+    other write should wait for it."""
     if spec.script is not None:
         return _pinned(session, spec)
-    schemas = [v.params_schema for v in _trainer_variants(session) if v.name == spec.trainer]
-    if not schemas or None in schemas:
-        # No live node has it yet, or one declares no schema (it takes any params).
-        return spec
-    errors: list[tuple[list[str | int], str]] = []
-    for schema in schemas:
-        assert schema is not None
-        errors = _refusals(schema, spec.params)
-        if not errors:
-            return spec  # some version takes them: placement finds its nodes
-    raise InvalidFields(errors[:MAX_REPORTED_ERRORS])
+    variants = [
+        v
+        for v in _trainer_variants(session)
+        if v.name == spec.trainer and spec.trainer_version in (None, v.version)
+    ]
+    declared = [v for v in variants if v.params_schema is not None]
+    for variant in declared:
+        assert variant.params_schema is not None
+        errors = _refusals(variant.params_schema, spec.params)
+        if errors and len(declared) > 1:
+            whose = f" (version {variant.version!r} on {', '.join(variant.nodes)})"
+            errors = [(loc, msg + whose) for loc, msg in errors]
+        if errors:
+            raise InvalidFields(errors[:MAX_REPORTED_ERRORS])
+    return spec
 
 
 def _refusals(schema: dict[str, Any], params: dict[str, Any]) -> list[tuple[list[str | int], str]]:
     """Each reason the schema refuses ``params``, under the parameter's own
     name (``params.hidden``), not under the object that holds it."""
     found: dict[tuple[str | int, ...], str] = {}
-    for error in jsonschema.Draft202012Validator(schema).iter_errors(params):
+    for error in params_schema.validator_for(schema).iter_errors(params):
         at: tuple[str | int, ...] = ("params", *error.absolute_path)
         if error.validator == "additionalProperties" and isinstance(error.instance, dict):
             known = set((error.schema or {}).get("properties", {}))

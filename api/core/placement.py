@@ -120,8 +120,16 @@ def free_capacity(session: Session) -> list[NodeCapacity]:
 def _live_nodes(session: Session) -> list[NodeCapacity]:
     """Every live node, all its slots free."""
     return [
-        NodeCapacity(node_id, name, slots, gpus, frozenset(trainers), scripts)
-        for node_id, name, slots, gpus, trainers, scripts in queries.live_node_capacities(
+        NodeCapacity(
+            node_id,
+            name,
+            slots,
+            gpus,
+            frozenset(trainers),
+            scripts,
+            frozenset((o["name"], o.get("version", "0")) for o in offers or ()),
+        )
+        for node_id, name, slots, gpus, trainers, scripts, offers in queries.live_node_capacities(
             session=session
         )
     ]

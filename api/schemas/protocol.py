@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, ValidationInfo, field_validator
 from pydantic import Strict as PydanticStrict
 
 from api.failures import FailureReason
+from api.schemas import params_schema
 from api.schemas.spec import SCRIPT_PATH_PATTERN, SHA256_PATTERN, JobSpec, TrainResult
 from api.schemas.strict import (
     DB_INT_MAX,
@@ -56,10 +56,6 @@ class ProgressReport(Strict):
         return {k: v if v is None or math.isfinite(v) else None for k, v in value.items()}
 
 
-# A trainer's parameter schema, as JSON, is at most this long.
-MAX_PARAMS_SCHEMA_BYTES = 64 * 1024
-
-
 class TrainerOffer(Strict):
     """A trainer a node has: its name, version and the JSON schema of its
     parameters (none: it declares none, and the server checks nothing)."""
@@ -70,9 +66,15 @@ class TrainerOffer(Strict):
 
     @field_validator("params_schema")
     @classmethod
-    def _schema_bounded(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and len(json.dumps(value)) > MAX_PARAMS_SCHEMA_BYTES:
-            raise ValueError(f"is longer than {MAX_PARAMS_SCHEMA_BYTES} bytes of JSON")
+    def _schema_safe(
+        cls, value: dict[str, Any] | None, info: ValidationInfo
+    ) -> dict[str, Any] | None:
+        # A node's schema is data: checked here, before anything keeps or uses it.
+        if value is not None:
+            try:
+                params_schema.check(value)
+            except params_schema.SchemaRefused as exc:
+                raise ValueError(f"trainer {info.data.get('name')!r}: {exc}") from None
         return value
 
 
@@ -89,11 +91,25 @@ def _only_mnist() -> list[TrainerOffer | str]:
 
 class NodeRegistration(Strict):
     name: str = Field(pattern=NAME_PATTERN)
-    address: str = Field(min_length=1, max_length=255, description="Where peers reach this node")
+    address: str = Field(
+        min_length=1,
+        max_length=255,
+        # A host name or an IP address (IPv6 in brackets or with a zone too):
+        # no spaces or control characters to forge a log line or a table row.
+        pattern=r"^[A-Za-z0-9._:%\[\]-]+$",
+        description="Where peers reach this node: a host name or an IP address",
+    )
     slots: int = Field(1, ge=1, le=64, description="Job parts it runs at once")
     gpus: int = Field(0, ge=0, le=64)
     cpus: int = Field(1, ge=1, le=4096)
-    trainers: list[TrainerOffer | Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(
+    trainers: list[
+        Annotated[
+            Annotated[TrainerOffer, Tag("offer")]
+            | Annotated[str, Tag("name"), Field(pattern=NAME_PATTERN)],
+            # One kind per item, so a refusal names what is wrong with it alone.
+            Discriminator(lambda item: "name" if isinstance(item, str) else "offer"),
+        ]
+    ] = Field(
         default_factory=_only_mnist,
         max_length=64,
         description="The trainers it offers (a bare name: one with no declared parameters)",

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from api.failures import FailureReason
-from api.schemas.strict import MAX_WORLD_SIZE, NAME_PATTERN, Strict
+from api.schemas.strict import MAX_WORLD_SIZE, NAME_PATTERN, Strict, check_json_data, read_back
 
 
 class Topology(Strict):
@@ -139,11 +139,23 @@ class JobUpdate(Strict):
 class JobSpec(Strict):
     """What a user asks for. Immutable once submitted."""
 
-    name: str | None = Field(None, max_length=128, description="Free-form label")
+    name: str | None = Field(
+        None,
+        max_length=128,
+        description="Free-form label",
+    )
     trainer: str = Field(
         "mnist",
         pattern=NAME_PATTERN,
         description="A trainer installed on the workers (built in: mnist)",
+    )
+    trainer_version: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="Run only on nodes offering this version of the trainer, its params "
+        "checked against that version's schema alone (GET /trainers lists them); none: any "
+        "version, the params valid for every schema the live nodes declare",
     )
     script: ScriptRef | None = Field(
         None,
@@ -211,6 +223,8 @@ class JobSpec(Strict):
         trainer = info.data.get("trainer")
         if value is not None and trainer not in (None, SCRIPT_TRAINER):
             raise ValueError("a job runs a script or a trainer: leave `trainer` out")
+        if value is not None and info.data.get("trainer_version") is not None:
+            raise ValueError("a script has no trainer version: leave `trainer_version` out")
         if value is None and trainer == SCRIPT_TRAINER:
             raise ValueError(f"trainer '{SCRIPT_TRAINER}' needs a `script` to run")
         return value
@@ -220,6 +234,8 @@ class JobSpec(Strict):
     def _params_bounded(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         if value and info.data.get("script") is not None:
             raise ValueError("a script takes its arguments in script.args: leave `params` out")
+        if not read_back(info):
+            check_json_data(value)
         try:
             size = len(json.dumps(value, allow_nan=False))
         except ValueError:
@@ -233,6 +249,8 @@ class JobSpec(Strict):
         """What a node must have to run it, in words."""
         if self.script is not None:
             return f"script '{self.script.path}'"
+        if self.trainer_version is not None:
+            return f"trainer '{self.trainer}' version '{self.trainer_version}'"
         return f"trainer '{self.trainer}'"
 
 

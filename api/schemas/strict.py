@@ -61,17 +61,78 @@ class Strict(BaseModel):
         # booleans and arrays can be the wrong JSON type here. (Specs read
         # back from the database go through this too: keep it cheap.)
         if isinstance(value, str):
-            if "\x00" in value:
-                # PostgreSQL cannot store it, and no name or address holds one.
-                raise ValueError("a NUL character, which no string here may hold")
+            _check_text(value)
+            wanted = cls.model_fields[info.field_name].annotation if info.field_name else str
+            if _wants_number_or_bool(wanted):
+                # pydantic would read "1" as 1: a string is not a number in JSON.
+                raise ValueError(f"a string where the schema wants {_name(wanted)}")
             return value
-        if isinstance(value, list) and any(isinstance(v, str) and "\x00" in v for v in value):
-            raise ValueError("a NUL character, which no string here may hold")
+        if isinstance(value, list):
+            for item in value:
+                if isinstance(item, str):
+                    _check_text(item)
         if info.field_name is not None and not isinstance(value, dict | None):
             wanted = cls.model_fields[info.field_name].annotation
             if not _fits(wanted, value):
                 raise ValueError(f"{_kind(value)} where the schema wants {_name(wanted)}")
         return value
+
+
+def _check_text(value: str) -> None:
+    if "\x00" in value:
+        # PostgreSQL cannot store it, and no name or address holds one.
+        raise ValueError("a NUL character, which no string here may hold")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            # JSON's "\ud800" escape: no character, and no database stores it.
+            raise ValueError("a lone surrogate, which is not a character") from None
+
+
+# How deeply free-form JSON (a trainer's params) may nest: deeper, and a
+# serializer or a recursive reader gives up (pydantic's at 255).
+MAX_JSON_DEPTH = 32
+
+
+def read_back(info: ValidationInfo) -> bool:
+    """Whether the value is read back from the database (db/types.py), where
+    a check added after it was written must not make it unreadable."""
+    return isinstance(info.context, dict) and bool(info.context.get("stored"))
+
+
+def check_json_data(value: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Free-form JSON a client sends, held to what every layer can store and
+    read back: at most ``max_depth`` levels deep, every string and key a
+    string of characters without NUL. Iterative: no recursion to exhaust."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, str):
+            _check_text(item)
+            continue
+        if isinstance(item, dict):
+            for key in item:
+                _check_text(key)
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if level >= max_depth:
+            raise ValueError(f"nests deeper than {max_depth} levels")
+        stack.extend((child, level + 1) for child in children)
+
+
+def _wants_number_or_bool(annotation: Any) -> bool:
+    """Whether the annotation takes numbers or booleans and never a string."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _wants_number_or_bool(get_args(annotation)[0])
+    if origin in (Union, UnionType):
+        options = [a for a in get_args(annotation) if a is not type(None)]
+        return bool(options) and all(_wants_number_or_bool(a) for a in options)
+    return annotation in (int, float, bool)
 
 
 def _fits(annotation: Any, value: Any) -> bool:

@@ -92,16 +92,48 @@ def test_the_built_in_trainer_refuses_parameters_it_does_not_have(client: httpx.
     assert client.post("/jobs", json={}).status_code == 201
 
 
-def test_params_valid_for_any_live_version_are_taken(client: httpx.Client) -> None:
+def test_params_must_suit_every_live_version_unless_the_job_names_one(
+    client: httpx.Client,
+) -> None:
     strict = {**LM_SCHEMA, "required": []}
     relaxed = {"type": "object", "properties": {"context": {"type": "integer"}}}
     ProtocolNode(client, "old", trainers=[lm_offer("1", strict)])
-    ProtocolNode(client, "new", trainers=[lm_offer("2", relaxed)])
-    # Version 2 takes a context of 500; version 1 would not.
-    assert (
-        client.post("/jobs", json={"trainer": "lm", "params": {"context": 500}}).status_code == 201
+    new = ProtocolNode(client, "new", trainers=[lm_offer("2", relaxed)])
+    # Version 2 takes a context of 500; version 1 does not, and says so.
+    assert messages(client.post("/jobs", json={"trainer": "lm", "params": {"context": 500}})) == [
+        "params.context: 500 is greater than the maximum of 64 (version '1' on old)"
+    ]
+    # Naming version 2: checked against it alone, and placed only where it is.
+    pinned = client.post(
+        "/jobs", json={"trainer": "lm", "trainer_version": "2", "params": {"context": 500}}
     )
-    assert messages(client.post("/jobs", json={"trainer": "lm", "params": {"context": "x"}}))
+    assert pinned.status_code == 201, pinned.text
+    (start,) = new.poll()["start"]
+    assert start["job_id"] == pinned.json()["id"]
+    # Valid for both: taken without a version.
+    assert client.post("/jobs", json={"trainer": "lm", "params": {"context": 8}}).status_code == 201
+
+
+def test_a_node_cannot_loosen_what_the_other_nodes_check(client: httpx.Client) -> None:
+    """A node offering a permissive "version 0" of a trainer (sorted first,
+    or with no schema at all) does not let through params the real
+    version's nodes refuse."""
+    ProtocolNode(client, "honest", trainers=[MNIST.offer("mnist").model_dump(mode="json")])
+    ProtocolNode(client, "loose", trainers=[{"name": "mnist", "version": "0"}])
+    ProtocolNode(
+        client, "looser", trainers=[{"name": "mnist", "version": "00", "params_schema": {}}]
+    )
+    refused = client.post("/jobs", json={"params": {"hidden": 64}})
+    assert messages(refused) == [
+        f"params.hidden: not a parameter of this trainer (version '{MNIST.version}' on honest)"
+    ]
+    assert client.get("/jobs").json()["count"] == 0
+    # Pinned to the permissive version, the job runs only on the node offering it.
+    pinned = client.post("/jobs", json={"trainer_version": "0", "params": {"hidden": 64}})
+    assert pinned.status_code == 201, pinned.text
+    assert client.get(f"/jobs/{pinned.json()['id']}").json()["status"] == "running"
+    (part,) = [n for n in client.get("/nodes").json()["data"] if n["parts"]]
+    assert part["name"] == "loose"
 
 
 def test_a_trainer_no_live_node_has_waits_queued_with_a_reason_naming_it(

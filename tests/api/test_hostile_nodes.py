@@ -1,0 +1,230 @@
+"""A node's data is data: what a hostile (or broken) node registers is
+checked before the server keeps or uses it, and nothing it sends makes the
+server fetch, read, hang or fail for everyone else."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.api.conftest import ProtocolNode
+
+
+def nested(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+class Listener:
+    """A loopback port that counts who connects (a node's schema must never
+    make the server fetch anything)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            conn.close()  # and say nothing: a fetch would hang on it
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+@pytest.fixture
+def listener() -> Iterator[Listener]:
+    seen = Listener()
+    yield seen
+    seen.close()
+
+
+def hostile_schemas(port: int) -> dict[str, dict[str, Any]]:
+    return {
+        "remote-ref": {"$ref": f"http://127.0.0.1:{port}/schema.json"},
+        "remote-ref-inside": {
+            "type": "object",
+            "properties": {"x": {"$ref": f"http://127.0.0.1:{port}/x"}},
+        },
+        "file-ref": {"properties": {"x": {"$ref": "file:///etc/passwd"}}},
+        "id-elsewhere": {"$id": f"http://127.0.0.1:{port}/", "$ref": "other.json"},
+        "wrong-type": {"type": 5},
+        "wrong-required": {"required": "tokenizer"},
+        "catastrophic-pattern": {"properties": {"x": {"type": "string", "pattern": "^(a+)+$"}}},
+        "catastrophic-name-pattern": {"patternProperties": {"^(a|a?)+(b*)*$": {}}},
+        "backreference": {"properties": {"x": {"type": "string", "pattern": "(a)\\1"}}},
+        "lone-surrogate": {"type": "object", "description": "\ud800"},
+        "300-deep": nested(300),
+    }
+
+
+def register(client: httpx.Client, name: str, schema: dict[str, Any]) -> httpx.Response:
+    # json.dumps writes a lone surrogate as its \ud800 escape, as an attacker would.
+    body = {"name": name, "address": "127.0.0.1", "trainers": [{"name": "evil", **schema}]}
+    return client.post(
+        "/nodes/register", content=json.dumps(body), headers={"content-type": "application/json"}
+    )
+
+
+def test_each_hostile_schema_is_a_422_at_registration_and_nothing_is_fetched(
+    client: httpx.Client, listener: Listener
+) -> None:
+    ProtocolNode(client, "honest", trainers=["mnist"])
+    slowest = 0.0
+    done = threading.Event()
+
+    def submit_meanwhile() -> None:
+        nonlocal slowest
+        with httpx.Client(base_url=str(client.base_url), timeout=10) as user:
+            while not done.is_set():
+                started = time.monotonic()
+                assert user.post("/jobs", json={"max_steps_per_epoch": 1}).status_code == 201
+                slowest = max(slowest, time.monotonic() - started)
+
+    submitter = threading.Thread(target=submit_meanwhile)
+    submitter.start()
+    try:
+        for index, (what, schema) in enumerate(hostile_schemas(listener.port).items()):
+            answer = register(client, f"evil-{index}", {"params_schema": schema})
+            assert answer.status_code == 422, (what, answer.text)
+            (problem,) = answer.json()["detail"]
+            assert problem["loc"][:5] == ["body", "trainers", 0, "offer", "params_schema"], what
+            assert "trainer 'evil'" in problem["msg"], (what, problem["msg"])
+    finally:
+        done.set()
+        submitter.join(30)
+
+    assert listener.connections == 0
+    # Nothing of theirs was kept: the trainers everyone reads are the honest ones.
+    listed = client.get("/trainers")
+    assert listed.status_code == 200
+    assert [t["name"] for t in listed.json()["trainers"]] == ["mnist"]
+    # Every submit beside the registrations answered promptly (it took ~0.01 s).
+    assert slowest < 1.0, slowest
+
+
+def test_the_refusals_say_what_is_wrong(client: httpx.Client, listener: Listener) -> None:
+    said = {
+        what: register(client, "evil", {"params_schema": schema}).json()["detail"][0]["msg"]
+        for what, schema in hostile_schemas(listener.port).items()
+    }
+    assert "$ref may only point inside the schema" in said["remote-ref"]
+    assert "#/properties/x: $ref may only point inside" in said["file-ref"]
+    assert "$id is not allowed" in said["id-elsewhere"]
+    assert "is not a JSON Schema (2020-12): #/type" in said["wrong-type"]
+    assert "repeats without bound inside a repetition" in said["catastrophic-pattern"]
+    assert "repeats without bound" in said["catastrophic-name-pattern"]
+    assert "is not one RE2 matches in linear time" in said["backreference"]
+    assert "lone surrogate" in said["lone-surrogate"]
+    assert "nests deeper than 32 levels" in said["300-deep"]
+
+
+def test_patterns_are_matched_in_linear_time(client: httpx.Client) -> None:
+    """A pattern of the shape the registration check lets through that still
+    backtracks exponentially in Python's engine (overlapping alternatives)
+    checks a long parameter at once: RE2 matches it."""
+    schema = {"type": "object", "properties": {"word": {"type": "string", "pattern": "^(a|aa)+$"}}}
+    ProtocolNode(client, "a", trainers=[{"name": "lm", "params_schema": schema}])
+    started = time.monotonic()
+    refused = client.post("/jobs", json={"trainer": "lm", "params": {"word": "a" * 5000 + "!"}})
+    took = time.monotonic() - started
+    assert refused.status_code == 422, refused.text
+    assert "does not match" in refused.json()["detail"][0]["msg"]
+    # Python's re takes about 2**(n/1.4) steps on it: years at n = 100.
+    assert took < 1.0, took
+    ok = client.post("/jobs", json={"trainer": "lm", "params": {"word": "aaa"}})
+    assert ok.status_code == 201, ok.text
+
+
+def test_a_local_ref_still_works(client: httpx.Client) -> None:
+    schema = {
+        "type": "object",
+        "$defs": {"small": {"type": "integer", "maximum": 8}},
+        "properties": {"layers": {"$ref": "#/$defs/small"}},
+    }
+    assert register(client, "a", {"params_schema": schema}).status_code == 200
+    refused = client.post("/jobs", json={"trainer": "evil", "params": {"layers": 9}})
+    assert refused.status_code == 422
+    assert refused.json()["detail"][0]["msg"] == (
+        "params.layers: 9 is greater than the maximum of 8"
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "says"),
+    [
+        ({"params": {"a": json.loads("[" * 300 + "]" * 300)}}, "params", "nests deeper"),
+        ({"params": {"a": "\ud800"}}, "params", "lone surrogate"),
+        ({"params": {"\ud800": 1}}, "params", "lone surrogate"),
+        ({"params": {"a": "x\u0000y"}}, "params", "NUL"),
+        ({"params": {"x\u0000": 1}}, "params", "NUL"),
+        ({"epochs": "1"}, "epochs", "a string where the schema wants an integer"),
+        ({"lr": "0.5"}, "lr", "a string where the schema wants a number"),
+        ({"name": "\udfff"}, "name", "lone surrogate"),
+    ],
+)
+def test_params_and_fields_that_no_layer_could_store_are_a_422_naming_the_field(
+    client: httpx.Client, body: dict[str, Any], field: str, says: str
+) -> None:
+    answer = client.post(
+        "/jobs", content=json.dumps(body), headers={"content-type": "application/json"}
+    )
+    assert answer.status_code == 422, answer.text
+    (problem,) = answer.json()["detail"]
+    assert problem["loc"] == ["body", field], problem
+    assert says in problem["msg"], problem
+    assert client.get("/jobs").json()["count"] == 0
+
+
+def test_a_study_with_deep_params_is_a_422(client: httpx.Client) -> None:
+    deep = json.loads('{"a":' * 300 + "1" + "}" * 300)
+    answer = client.post(
+        "/studies",
+        json={"spec": {"params": deep}, "rows": [{"num_machines": 1, "num_processes": 1}]},
+    )
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"][0]["loc"] == ["body", "spec", "params"]
+
+
+def test_a_node_address_with_a_line_break_or_escape_is_refused(client: httpx.Client) -> None:
+    for address in ("127.0.0.1\nINFO forged line", "127.0.0.1\x1b[2J", "a b"):
+        answer = client.post("/nodes/register", json={"name": "n", "address": address})
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["detail"][0]["loc"] == ["body", "address"]
+    for address in ("10.0.0.7", "node-7.cluster.local", "fe80::1%eth0", "[::1]"):
+        joined = client.post(
+            "/nodes/register", json={"name": f"n{len(address)}", "address": address}
+        )
+        assert joined.status_code == 200, (address, joined.text)
+
+
+def test_a_poll_nested_a_thousand_deep_is_a_400_not_a_500(client: httpx.Client) -> None:
+    node = ProtocolNode(client, "a")
+    answer = client.post(
+        f"/nodes/{node.node_id}/poll",
+        content='{"active_part_ids": ' + "[" * 1000 + "1" + "]" * 1000 + "}",
+        headers={**node.headers, "content-type": "application/json"},
+    )
+    assert answer.status_code == 400, answer.text
+    # The node is still served.
+    assert node.poll() == {"start": [], "stop": [], "rendezvous": []}
