@@ -12,7 +12,7 @@ from sqlmodel import Session
 
 from api.core import lookup
 from api.core.context import Core
-from api.core.errors import Conflict
+from api.core.errors import Conflict, Forbidden
 from api.core.placement import schedule
 from api.core.settlement import explain_given_up_attempt, may_explain, settle
 from api.failures import FailureReason
@@ -63,10 +63,21 @@ def record_rendezvous(core: Core, part_id: int, report: RendezvousBound) -> bool
         return True
 
 
+def _speaks_for_the_job(part: Part, what: str) -> None:
+    """Rank 0 is on machine 0: only that part's node reports the job's
+    progress and result (README). Another machine's node cannot set them."""
+    if part.machine_id != 0:
+        raise Forbidden(
+            f"part {part.id} is machine {part.machine_id} of job {part.job_id}: only machine "
+            f"0, where rank 0 runs, reports {what}"
+        )
+
+
 def record_progress(core: Core, part_id: int, batch: ProgressBatch) -> bool:
     core.sightings.saw(batch.node_id)
     with core.db.write() as session:
         part = lookup.owned_part(session, part_id, batch.node_id)
+        _speaks_for_the_job(part, "a job's progress")
         if not lookup.is_current(session, part):
             return False
         job = lookup.job(session, part.job_id)
@@ -167,6 +178,8 @@ def finish_part(core: Core, part_id: int, report: PartFinished) -> bool:
     now = utcnow()
     with core.db.write() as session:
         part = lookup.owned_part(session, part_id, report.node_id)
+        if report.result is not None:
+            _speaks_for_the_job(part, "a job's result")
         if part.status.is_terminal():
             return False  # already settled: a resend, or the node was lost meanwhile
         ended = PartStatus(report.status)

@@ -57,6 +57,8 @@ def part_rendezvous(
 def part_progress(
     part_id: PartId, body: ProgressBatch, core: CoreDep, caller_node: CallerNodeDep
 ) -> Ack:
+    """Rank 0's reports: machine 0's node alone sends them (403 for another
+    machine's, as for a result in its finish)."""
     acting_for(caller_node, body.node_id)
     return Ack(accepted=reports.record_progress(core, part_id, body))
 

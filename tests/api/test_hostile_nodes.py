@@ -228,3 +228,51 @@ def test_a_poll_nested_a_thousand_deep_is_a_400_not_a_500(client: httpx.Client) 
     assert answer.status_code == 400, answer.text
     # The node is still served.
     assert node.poll() == {"start": [], "stop": [], "rendezvous": []}
+
+
+def test_only_machine_0_reports_the_jobs_progress_and_result(client: httpx.Client) -> None:
+    nodes = {n.name: n for n in (ProtocolNode(client, "a"), ProtocolNode(client, "b"))}
+    job_id = client.post("/jobs", json={"topology": {"num_machines": 2}}).json()["id"]
+    parts = {p["machine_id"]: p for p in client.get(f"/jobs/{job_id}").json()["parts"]}
+    zero, one = nodes[parts[0]["node_name"]], nodes[parts[1]["node_name"]]
+    part_ids = {0: zero.poll()["start"][0]["part_id"], 1: one.poll()["start"][0]["part_id"]}
+    report = {
+        "seq": 0,
+        "epoch": 1,
+        "batch": 5,
+        "batches_per_epoch": 10,
+        "loss": 0.01,
+        "at": "2026-01-01T00:00:00Z",
+    }
+
+    forged = client.post(
+        f"/parts/{part_ids[1]}/progress",
+        json={"node_id": one.node_id, "reports": [report]},
+        headers=one.headers,
+    )
+    assert forged.status_code == 403, forged.text
+    assert forged.json()["detail"] == (
+        f"part {part_ids[1]} is machine 1 of job {job_id}: only machine 0, where rank 0 runs, "
+        "reports a job's progress"
+    )
+    assert client.get(f"/jobs/{job_id}").json()["progress"] is None
+
+    result = {"train_loss": 0.0, "test_accuracy": 1.0}
+    claimed = one.finish(part_ids[1], "succeeded", exit_code=0, result=result)
+    assert claimed.status_code == 403, claimed.text
+    assert "only machine 0, where rank 0 runs, reports a job's result" in claimed.json()["detail"]
+
+    # Machine 0's are taken; machine 1 finishing without a result is too.
+    taken = client.post(
+        f"/parts/{part_ids[0]}/progress",
+        json={"node_id": zero.node_id, "reports": [{**report, "loss": 0.5}]},
+        headers=zero.headers,
+    )
+    assert taken.status_code == 200, taken.text
+    assert one.finish(part_ids[1], "succeeded", exit_code=0).status_code == 200
+    honest = {"train_loss": 0.4, "test_accuracy": 0.9}
+    assert zero.finish(part_ids[0], "succeeded", exit_code=0, result=honest).status_code == 200
+    done = client.get(f"/jobs/{job_id}").json()
+    assert done["status"] == "succeeded"
+    assert done["progress"]["loss"] == 0.5
+    assert done["result"]["test_accuracy"] == 0.9
