@@ -99,6 +99,13 @@ def _add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gpus", type=int, help="GPUs offered [DDPO_WORKER_GPUS, default: counted]"
     )
+    parser.add_argument(
+        "--rank-env",
+        metavar="NAMES",
+        help="variables the ranks get besides the allow-list (PATH, PYTHONPATH, CUDA_*, "
+        "NCCL_*, OMP_* ...): comma-separated names or PREFIX* [DDPO_WORKER_RANK_ENV]; no "
+        "DDPO_ variable ever reaches a rank",
+    )
 
 
 def parse_settings(argv: list[str] | None = None) -> WorkerSettings:

@@ -8,6 +8,7 @@ import ctypes
 import os
 import signal
 import sys
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 
@@ -21,6 +22,34 @@ def die_with_parent(expected_parent: int, sig: int = signal.SIGKILL) -> None:
     # The parent may have died before prctl took effect.
     if os.getppid() != expected_parent:
         os.kill(os.getpid(), sig)
+
+
+# unshare(2) and mount(2) flags (linux/sched.h, linux/mount.h).
+_CLONE_NEWNS = 0x00020000
+_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
+
+
+def hide_files(paths: list[Path]) -> str | None:
+    """Make ``paths`` read as empty for this process and every process it
+    starts from now on: a mount namespace of its own, /dev/null bound over
+    each. None once done; else why not (not Linux, not root or without
+    CAP_SYS_ADMIN: then the files stay as readable as their modes make them).
+    Call before starting threads: a namespace is per thread until exec."""
+    present = [p for p in paths if p.exists()]
+    if not present:
+        return None
+    if not sys.platform.startswith("linux"):
+        return "not Linux"
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWNS) != 0:
+        return f"no mount namespace: {os.strerror(ctypes.get_errno())}"
+    # Private: the masks must not propagate back to the host's namespace.
+    if libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        return f"mounts not private: {os.strerror(ctypes.get_errno())}"
+    for path in present:
+        if libc.mount(b"/dev/null", os.fsencode(path), None, _MS_BIND, None) != 0:
+            return f"{path} not masked: {os.strerror(ctypes.get_errno())}"
+    return None
 
 
 def group_alive(pgid: int) -> bool:

@@ -15,6 +15,14 @@ def load(path: Path) -> str | None:
     return text or None
 
 
+def move_from(legacy: Path, path: Path) -> None:
+    """Take a credential kept where earlier versions kept it (inside the work
+    directory, two levels above every rank's working directory)."""
+    if legacy.exists() and not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(legacy, path)
+
+
 def save(path: Path, credential: str) -> None:
     """Replace the file whole: a crash mid-write leaves the old one."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from worker.courier import Courier
 from worker.forkserver import ForkServer
 from worker.heartbeat import Heartbeat
 from worker.joining import CannotJoin, count_gpus, join
-from worker.part import PartProcess, run_dir_for
+from worker.part import PartProcess, launcher_env, run_dir_for
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -218,6 +218,7 @@ class Worker:
                 self.settings.data_dir.resolve(),
                 self.settings.work_dir.resolve() / "forkserver.log",
                 self.settings.trainers,
+                env=launcher_env(self.settings),
             )
 
     def _shutdown(self) -> None:

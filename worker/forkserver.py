@@ -153,7 +153,11 @@ class ForkedLauncher:
 
 class ForkServer:
     def __init__(
-        self, data_dir: Path, log_path: Path, extra_trainers: dict[str, str] | None = None
+        self,
+        data_dir: Path,
+        log_path: Path,
+        extra_trainers: dict[str, str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
@@ -169,7 +173,8 @@ class ForkServer:
                 stdout=subprocess.PIPE,
                 stderr=log,
                 start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                # The launchers it forks, and their ranks, inherit this.
+                env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
             )
         assert self.process.stdout is not None
         self._out = self.process.stdout.fileno()

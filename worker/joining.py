@@ -57,6 +57,8 @@ def join(
     credential the server hands out. Raises ServerUnavailable (try again)
     or CannotJoin (for good)."""
     path = settings.credential_path
+    if settings.credential_file is None:
+        credentials.move_from(settings.legacy_credential_path, path)
     saved = credentials.load(path)
     registered = None
     if saved is not None:

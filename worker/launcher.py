@@ -23,8 +23,8 @@ from typing import Any
 
 from api.failures import FailureReason
 from api.schemas.protocol import TrainerOffer
-from worker import runfiles, trainers
-from worker._process import die_with_parent, keep_freed_memory
+from worker import rank_env, runfiles, trainers
+from worker._process import die_with_parent, hide_files, keep_freed_memory
 from worker.local_allreduce import LocalGroup
 
 TRACEBACK_TAIL_CHARS = 4000
@@ -238,6 +238,15 @@ def run(run_dir: Path, parent_pid: int | None = None) -> int:
     the parent (the daemon, or the fork server that forked this launcher)."""
     config = runfiles.read_launch(run_dir)
     die_with_parent(parent_pid or config.parent_pid, sig=signal.SIGTERM)
+    # Started by the daemon, it has the allow-list already; run by hand, not.
+    allowed = rank_env.for_ranks(os.environ, config.rank_env)
+    os.environ.clear()
+    os.environ.update(allowed)
+    why_not = hide_files(config.hidden)
+    if why_not is not None and os.geteuid() == 0:
+        # As root it should have worked; as another user it never does
+        # (README: run ranks as a user of their own), and is not news.
+        print(f"the node's credential stays readable to the ranks ({why_not})", flush=True)
     outcome = launch(config)
     runfiles.write_outcome(config.run_dir, outcome)
     if outcome.status == "failed":

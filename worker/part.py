@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from api.failures import FailureReason
 from api.lifecycle import Named
 from api.schemas import Assignment, PartFinished
-from worker import runfiles
+from worker import rank_env, runfiles
 from worker._process import group_alive, signal_group
 from worker.forkserver import ForkServer
 from worker.outbox import Outbox
@@ -26,8 +26,10 @@ from worker.settings import WorkerSettings
 log = logging.getLogger(__name__)
 
 
-def _launcher_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+def launcher_env(settings: WorkerSettings) -> dict[str, str]:
+    """The launcher's environment, and so its ranks': the allow-list of
+    worker/rank_env.py, none of the daemon's secrets."""
+    return {**rank_env.for_ranks(os.environ, settings.rank_env_names), "PYTHONUNBUFFERED": "1"}
 
 
 class Launched(Protocol):
@@ -143,6 +145,8 @@ class PartProcess:
             script_dir=settings.script_dir.resolve() if settings.script_dir else None,
             interface=interface,
             cpus=cpus,
+            rank_env=settings.rank_env_names,
+            hidden=[settings.credential_path.resolve()],
         )
         runfiles.write_launch(config)
         if assignment.master_port is not None and assignment.machine_id > 0:
@@ -163,7 +167,7 @@ class PartProcess:
                     stderr=subprocess.STDOUT,
                     # Its own session: one signal to the group reaches every rank.
                     start_new_session=True,
-                    env=_launcher_env(),
+                    env=launcher_env(settings),
                 )
         return cls.of(assignment, run_dir, LauncherGroup(process))
 

@@ -75,6 +75,14 @@ class LaunchConfig(BaseModel):
     cpus: int = Field(
         default_factory=cores.usable_cpus, ge=1, description="Cores this node's ranks share"
     )
+    rank_env: list[str] = Field(
+        default_factory=list, description="Variables the ranks get besides the allow-list"
+    )
+    hidden: list[Path] = Field(
+        default_factory=list,
+        description="Files the ranks must not read (the node's credential): masked where "
+        "the launcher may make a mount namespace",
+    )
 
     @property
     def local_processes(self) -> int:

@@ -87,8 +87,15 @@ class WorkerSettings(BaseSettings):
     )
     credential_file: Path | None = Field(
         None,
-        description="Where the node's own credential is kept between runs "
-        "(default <work_dir>/node-credential)",
+        description="Where the node's own credential is kept between runs (default "
+        "<work_dir>.node-credential, beside the work directory: outside the tree the ranks "
+        "run in)",
+    )
+    rank_env: str = Field(
+        "",
+        description="Environment variables the ranks get besides the allow-list "
+        "(worker/rank_env.py: PATH, PYTHONPATH, CUDA_*, NCCL_*, OMP_* and the like): names "
+        "or NAME* prefixes, comma-separated. No DDPO_ variable ever reaches a rank",
     )
     prewarm: bool = Field(
         True,
@@ -112,5 +119,15 @@ class WorkerSettings(BaseSettings):
         return self
 
     @property
+    def rank_env_names(self) -> list[str]:
+        return [name.strip() for name in self.rank_env.split(",") if name.strip()]
+
+    @property
     def credential_path(self) -> Path:
-        return self.credential_file or self.work_dir / "node-credential"
+        default = self.work_dir.parent / f"{self.work_dir.name}.node-credential"
+        return self.credential_file or default
+
+    @property
+    def legacy_credential_path(self) -> Path:
+        """Where it was kept before (inside the work directory), moved on start."""
+        return self.work_dir / "node-credential"

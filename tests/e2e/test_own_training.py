@@ -5,6 +5,7 @@ test_dashboard.py; scripts across test hosts in test_multihost.py.)"""
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -139,3 +140,26 @@ def test_the_cli_lists_what_nodes_offer_and_submits_scripts_and_params(
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "succeeded" in done.stdout
+
+
+def test_a_scripts_ranks_see_no_node_secret(jobs: Jobs, cluster: LocalCluster) -> None:
+    """Ranks run a job's code (and whatever it imports): their environment
+    holds no DDPO_ variable of the daemon's (the join token enrols nodes),
+    and the node's credential file reads as empty to them."""
+    credentials = [
+        cluster.state_dir / worker.name / "runs.node-credential"
+        for worker in cluster.worker_processes
+    ]
+    for path in credentials:
+        assert path.read_text().startswith("ddpo-node-"), path  # there, and the node's
+    job_id = jobs.submit(script={"path": "tests/peeks.py", "args": [str(p) for p in credentials]})
+    job = jobs.wait_done(job_id, timeout_s=120)
+    assert job["status"] == "succeeded", job["error"]
+    logs = jobs.client.get(f"/jobs/{job_id}/logs").raise_for_status().json()["lines"]
+    said = [line["text"] for line in logs if line["rank"] == 0]
+    assert "join token seen: False" in said, said
+    assert "DDPO variables: DDPO_CHECKPOINT_DIR, DDPO_RUN_DIR" in said, said
+    (part,) = job["parts"]
+    own = cluster.state_dir / part["node_name"] / "runs.node-credential"
+    if os.geteuid() == 0:  # CI: masked by a mount namespace (elsewhere, by its mode alone)
+        assert f"{own}: read 0 characters" in said, said
