@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.epilog = (
         "Secrets come from the environment only: DDPO_JOIN_TOKEN lets a new node join "
         "(the server's own). The node's credential the server hands out is kept in "
-        "<work-dir>/node-credential [DDPO_WORKER_CREDENTIAL_FILE]; a restarted worker "
+        "<work-dir>.node-credential [DDPO_WORKER_CREDENTIAL_FILE]; a restarted worker "
         "takes its node back with it. Exits 3 if the server refuses the node for good "
         "(revoked, name taken); exits 2 if --address is on none of this host's "
         "interfaces."

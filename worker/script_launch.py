@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,8 +27,14 @@ from worker import launcher, network, rank, runfiles, scripts
 # because another failed has to exit before SIGKILL.
 POLL_S = 0.05
 STOP_GRACE_S = 5.0
-# How long a rank that lost a peer waits for the peer's own failure.
-CAUSE_GRACE_S = 3.0
+# How long a rank that lost a peer waits for the peer's own failure: the
+# other ranks of this machine either raised (and are exiting: seconds on a
+# busy host) or lost the same peer (and exit as fast as this one did).
+CAUSE_GRACE_S = 30.0
+# torch prefixes what a rank prints to stderr with "[rankN]: ".
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+# An exception's last line: its (qualified) class name, then its message.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::\s|$)")
 
 
 def run(config: runfiles.LaunchConfig) -> runfiles.Outcome:
@@ -164,6 +171,17 @@ def _failure(config: runfiles.LaunchConfig, local_rank: int, code: int) -> runfi
     global_rank = assignment.rank_of(local_rank)
     where = f"rank {global_rank} (machine {assignment.machine_id})"
     tail = _tail(runfiles.rank_log(config.run_dir, global_rank))
+    if code < 0 and _raised_last(tail) and launcher.classify(tail) is FailureReason.RANK_FAILED:
+        # Its own exception ended it; a signal while it exited (a crash in
+        # a library's teardown) does not make that the machine's fault.
+        return runfiles.Outcome(
+            status="failed",
+            reason=FailureReason.RANK_FAILED,
+            message=f"{where} raised, then was killed by {signal.Signals(-code).name} exiting",
+            failing_rank=global_rank,
+            exit_code=code,
+            traceback_tail=tail,
+        )
     if code < 0:
         # Killed: by the OOM killer, an operator, a lost machine. Retryable.
         return runfiles.Outcome(
@@ -188,6 +206,22 @@ def _failure(config: runfiles.LaunchConfig, local_rank: int, code: int) -> runfi
         failing_rank=global_rank,
         exit_code=code,
         traceback_tail=tail or None,
+    )
+
+
+def _raised_last(tail: str) -> bool:
+    """Whether what the rank printed ends with an uncaught exception's
+    traceback (Python prints it on the way out): after its last
+    "Traceback" line come only frames (indented) and the exception's line."""
+    lines = [_RANK_PREFIX.sub("", line) for line in tail.strip().splitlines()]
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call")]
+    if not starts:
+        return False
+    after = lines[starts[-1] + 1 :]
+    return (
+        len(after) >= 2
+        and all(line.startswith(" ") for line in after[:-1])
+        and _EXCEPTION_LINE.match(after[-1]) is not None
     )
 
 

@@ -172,10 +172,8 @@ def test_each_script_process_gets_the_environment_torchrun_gives(tmp_path: Path)
     }
 
 
-def test_a_rank_that_only_lost_its_peer_yields_to_the_peer_that_raised(tmp_path: Path) -> None:
-    """The rank that raised closes its sockets before its process is gone:
-    the one waiting on it may exit first. The part still names the cause."""
-    config = runfiles.LaunchConfig(
+def two_rank_config(tmp_path: Path) -> runfiles.LaunchConfig:
+    return runfiles.LaunchConfig(
         assignment=Assignment(
             part_id=1,
             job_id=1,
@@ -189,16 +187,76 @@ def test_a_rank_that_only_lost_its_peer_yields_to_the_peer_that_raised(tmp_path:
         process_group_timeout_s=30,
         parent_pid=os.getpid(),
     )
-    said = {
-        0: "print('RuntimeError: [pair.cc:534] Connection closed by peer'); raise SystemExit(1)",
-        1: "import time; time.sleep(0.5); raise ValueError('shard 1 has no labels')",
-    }
+
+
+def supervised(tmp_path: Path, said: dict[int, str]) -> runfiles.Outcome:
+    """How a part of two ranks running ``said`` (Python, one per rank) ends."""
     ranks = []
     for rank, code in said.items():
         with open(runfiles.rank_log(tmp_path, rank), "wb") as log:
             ranks.append(
                 subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
             )
-    outcome = script_launch._supervise(config, ranks)
+    try:
+        return script_launch._supervise(two_rank_config(tmp_path), ranks)
+    finally:
+        script_launch._stop(ranks)  # as run() does
+
+
+LOST_A_PEER = "print('RuntimeError: [pair.cc:534] Connection closed by peer'); raise SystemExit(1)"
+
+
+def raises_after(seconds: float) -> str:
+    return f"import time; time.sleep({seconds}); raise ValueError('shard 1 has no labels')"
+
+
+def test_a_rank_that_only_lost_its_peer_yields_to_the_peer_that_raised(tmp_path: Path) -> None:
+    """The rank that raised closes its sockets before its process is gone:
+    the one waiting on it may exit first. The part still names the cause."""
+    outcome = supervised(
+        tmp_path,
+        {0: LOST_A_PEER, 1: raises_after(0.5)},
+    )
     assert (outcome.reason, outcome.failing_rank, outcome.exit_code) == ("rank_failed", 1, 1)
     assert "ValueError: shard 1 has no labels" in (outcome.traceback_tail or "")
+
+
+def test_a_raising_rank_slow_to_exit_on_a_busy_host_is_still_the_cause(tmp_path: Path) -> None:
+    """On a busy host the rank that raised may take seconds to be gone
+    after its peer gave up (issue 34 looked for this): the part waits for
+    it rather than report the peer's symptom, which would be retried."""
+    outcome = supervised(
+        tmp_path,
+        {0: LOST_A_PEER, 1: raises_after(4)},
+    )
+    assert (outcome.reason, outcome.failing_rank) == ("rank_failed", 1)
+
+
+CRASHES_AFTER = (
+    "import os, signal, sys, traceback\n"
+    "try:\n"
+    "    raise ValueError('shard 1 has no labels')\n"
+    "except ValueError:\n"
+    "    traceback.print_exc(); sys.stderr.flush()\n"
+    "{then}"
+    "os.kill(os.getpid(), signal.SIGSEGV)\n"
+)
+
+
+def test_a_rank_that_raised_and_crashed_on_its_way_out_failed_by_itself(tmp_path: Path) -> None:
+    """A library's teardown may crash after the exception's traceback was
+    printed (a segfault at exit): the exception is still the cause, and a
+    retry would raise it again."""
+    outcome = supervised(tmp_path, {0: LOST_A_PEER, 1: CRASHES_AFTER.format(then="")})
+    assert (outcome.reason, outcome.failing_rank, outcome.exit_code) == ("rank_failed", 1, -11)
+    assert outcome.message == "rank 1 (machine 0) raised, then was killed by SIGSEGV exiting"
+    assert "ValueError: shard 1 has no labels" in (outcome.traceback_tail or "")
+
+
+def test_a_rank_killed_after_printing_a_handled_traceback_was_killed(tmp_path: Path) -> None:
+    """A traceback the script caught and printed, then more output: the
+    signal, not the exception, ended it (retried, as any kill is)."""
+    outcome = supervised(
+        tmp_path, {0: LOST_A_PEER, 1: CRASHES_AFTER.format(then="print('epoch 2: loss 0.3')\n")}
+    )
+    assert (outcome.reason, outcome.exit_code) == ("rank_exited", -11)
