@@ -56,7 +56,16 @@ class ServerSettings(BaseSettings):
         "(the job, its result and its timing stay)",
     )
     max_log_lines_per_job: int = Field(
-        200_000, ge=1, description="A job keeps its newest this many log lines"
+        200_000,
+        ge=1,
+        description="A job keeps its newest this many log lines (older ones are dropped as "
+        "new ones arrive)",
+    )
+    log_lines_per_second_per_node: float = Field(
+        1000.0,
+        gt=0,
+        description="Log lines a node may send a second on average (a batch of up to 10,000 "
+        "at once); beyond, 429 with Retry-After, and the worker sends them later",
     )
     checkpoint_retention_days: float = Field(
         7.0, gt=0, description="The final model of a job that ended longer ago is deleted"

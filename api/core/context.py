@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from api.credentials import ApiKeys, NodeCredentials
+from api.schemas.protocol import MAX_LOG_LINES_PER_BATCH
 from api.settings import ServerSettings
 from db.engine import Database
 
@@ -77,6 +78,30 @@ class JoinRate:
             return 0.0
 
 
+class LogRate:
+    """Log lines each node may send: ``per_s`` a second on average, up to
+    ``burst`` at once (a token bucket per node), so one node's flood cannot
+    fill the database or hold the write lock from everyone else."""
+
+    def __init__(self, per_s: float, burst: int) -> None:
+        self.per_s = per_s
+        self.burst = burst
+        self._buckets: dict[int, tuple[float, float]] = {}  # node -> (tokens, when)
+        self._lock = threading.Lock()
+
+    def admit(self, node_id: int, lines: int) -> float:
+        """0 and the lines counted, or the seconds until that many may come."""
+        now = time.monotonic()
+        with self._lock:
+            tokens, since = self._buckets.get(node_id, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - since) * self.per_s)
+            if lines > tokens:
+                self._buckets[node_id] = (tokens, now)
+                return (min(lines, self.burst) - tokens) / self.per_s
+            self._buckets[node_id] = (tokens - lines, now)
+            return 0.0
+
+
 class Uploads:
     """Checkpoint uploads arriving now: one at a time per part (a node
     cannot open many at once), and their bytes so far (against the quota)."""
@@ -129,8 +154,12 @@ class Core:
     keys: ApiKeys = field(default_factory=ApiKeys)
     sightings: Sightings = field(default_factory=Sightings)
     joins: JoinRate = field(init=False)
+    log_rate: LogRate = field(init=False)
     plan_memo: PlanMemo = field(default_factory=PlanMemo)
     uploads: Uploads = field(default_factory=Uploads)
 
     def __post_init__(self) -> None:
         self.joins = JoinRate(self.settings.registrations_per_minute)
+        self.log_rate = LogRate(
+            self.settings.log_lines_per_second_per_node, MAX_LOG_LINES_PER_BATCH
+        )

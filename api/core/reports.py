@@ -12,7 +12,7 @@ from sqlmodel import Session
 
 from api.core import lookup
 from api.core.context import Core
-from api.core.errors import Conflict, Forbidden
+from api.core.errors import Conflict, Forbidden, TooMany
 from api.core.placement import schedule
 from api.core.settlement import explain_given_up_attempt, may_explain, settle
 from api.failures import FailureReason
@@ -22,6 +22,10 @@ from db import queries
 from db.models import LAUNCHER_RANK, Job, LogRow, Part, ProgressRow, utcnow
 
 log = logging.getLogger(__name__)
+
+# Lines beyond a job's cap that one insert also drops (besides as many as it
+# adds), for a job that was over its cap before (a lower setting).
+RETENTION_CATCH_UP = 5000
 
 
 def part_started(core: Core, part_id: int, node_id: int) -> bool:
@@ -123,8 +127,20 @@ def record_progress(core: Core, part_id: int, batch: ProgressBatch) -> bool:
 def record_logs(core: Core, part_id: int, batch: LogBatch) -> bool:
     """Store the lines not stored yet. Lines of an attempt that is no
     longer current are kept too (they explain what happened to it), until
-    its part has ended: a part's lines all come before its finish report."""
+    its part has ended: a part's lines all come before its finish report.
+
+    Held to the node's rate (429 beyond, before any write) and to the job's
+    cap: past ``max_log_lines_per_job``, its oldest lines are dropped in the
+    same transaction, so no writer outruns the cap."""
     core.sightings.saw(batch.node_id)
+    wait_s = core.log_rate.admit(batch.node_id, len(batch.lines))
+    if wait_s > 0:
+        raise TooMany(
+            f"node {batch.node_id} sends more than DDPO_LOG_LINES_PER_SECOND_PER_NODE="
+            f"{core.settings.log_lines_per_second_per_node:g} log lines a second; "
+            f"send these in {wait_s:.1f} s",
+            retry_after_s=wait_s,
+        )
     with core.db.write() as session:
         part = lookup.owned_part(session, part_id, batch.node_id)
         if part.status.is_terminal():
@@ -169,6 +185,14 @@ def record_logs(core: Core, part_id: int, batch: LogBatch) -> bool:
                 for (rank, offset), line in fresh.items()
             ),
         )
+        if fresh:
+            session.flush()
+            queries.delete_logs_beyond(
+                session=session,
+                job_id=part.job_id,
+                keep=core.settings.max_log_lines_per_job,
+                limit=len(fresh) + RETENTION_CATCH_UP,
+            )
         return True
 
 

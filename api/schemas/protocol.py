@@ -237,9 +237,13 @@ class LogLine(Strict):
     at: Timestamp
 
 
+# Log lines in one report at most (and what a node may send at once).
+MAX_LOG_LINES_PER_BATCH = 10_000
+
+
 class LogBatch(Strict):
     node_id: Id
-    lines: list[LogLine] = Field(max_length=10_000)
+    lines: list[LogLine] = Field(max_length=MAX_LOG_LINES_PER_BATCH)
 
 
 class PartFinished(Strict):

@@ -9,12 +9,13 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.api.conftest import ProtocolNode
+from tests.api.conftest import ProtocolNode, ThreadedServer, make_settings
 
 
 def nested(levels: int) -> dict[str, Any]:
@@ -276,3 +277,65 @@ def test_only_machine_0_reports_the_jobs_progress_and_result(client: httpx.Clien
     assert done["status"] == "succeeded"
     assert done["progress"]["loss"] == 0.5
     assert done["result"]["test_accuracy"] == 0.9
+
+
+def log_lines(first: int, count: int) -> list[dict[str, Any]]:
+    return [
+        {"rank": 0, "offset": 100 * i, "text": f"line {i}", "at": "2026-12-01T00:00:00Z"}
+        for i in range(first, first + count)
+    ]
+
+
+@pytest.fixture
+def capped(tmp_path: Path) -> Iterator[httpx.Client]:
+    """A job keeps 3,000 lines; a node sends 2,000 a second, 10,000 at once.
+    No retention sweep runs in the test's time: the cap holds on insert."""
+    settings = make_settings(
+        tmp_path,
+        max_log_lines_per_job=3000,
+        log_lines_per_second_per_node=2000,
+        retention_interval_s=3600,
+    )
+    with ThreadedServer(settings) as server, httpx.Client(base_url=server.url, timeout=30) as c:
+        yield c
+
+
+def test_a_log_flood_is_held_to_the_jobs_cap_and_the_nodes_rate(capped: httpx.Client) -> None:
+    node = ProtocolNode(capped, "flood")
+    job_id = capped.post("/jobs", json={}).json()["id"]
+    (start,) = node.poll()["start"]
+    part_id = start["part_id"]
+
+    def send(first: int, count: int) -> httpx.Response:
+        return capped.post(
+            f"/parts/{part_id}/logs",
+            json={"node_id": node.node_id, "lines": log_lines(first, count)},
+            headers=node.headers,
+        )
+
+    # The burst: 10,000 lines at once are taken, and the job keeps its newest 3,000.
+    burst_at = time.monotonic()
+    assert send(0, 10_000).status_code == 200
+    kept = capped.get(f"/jobs/{job_id}/logs", params={"limit": 5000}).json()["lines"]
+    assert len(kept) == 3000
+    assert (kept[0]["text"], kept[-1]["text"]) == ("line 7000", "line 9999")
+
+    # Right after it, the node has used its burst: refused with when to come back.
+    refused = send(10_000, 5000)
+    assert refused.status_code == 429, refused.text
+    assert "DDPO_LOG_LINES_PER_SECOND_PER_NODE=2000" in refused.json()["detail"]
+    assert 1 <= int(refused.headers["Retry-After"]) <= 3
+    # A flood of small batches: what is taken follows the rate, not the sender.
+    started = time.monotonic()
+    taken = 0
+    while time.monotonic() - started < 2.0:
+        if send(20_000 + taken, 500).status_code == 200:
+            taken += 500
+    # The bucket refilled at 2,000 a second from the burst on, no faster.
+    since_burst = time.monotonic() - burst_at
+    assert taken <= 2000 * since_burst + 500, (taken, since_burst)
+    assert taken >= 500
+    # The cap still holds, newest kept.
+    kept = capped.get(f"/jobs/{job_id}/logs", params={"limit": 5000}).json()["lines"]
+    assert len(kept) == 3000
+    assert kept[-1]["text"] == f"line {20_000 + taken - 1}"
