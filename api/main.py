@@ -19,6 +19,7 @@ from starlette.types import ASGIApp
 
 from api import route_table
 from api.auth import AuthMiddleware, Caller, TokenBook
+from api.core import artifacts
 from api.core.clock import tick, write_sightings
 from api.core.context import Core
 from api.core.errors import DomainError
@@ -77,6 +78,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         with db.read() as session:
             core.credentials.load(queries.node_credentials(session=session))
         load_keys(core)
+        if removed := artifacts.clear_incoming(settings):
+            log.info("removed %d partial upload(s) left by an earlier run", removed)
         sweeper = asyncio.create_task(_sweep_forever(core, instruments.tick, read_cache))
         log.info("serving with database %s", redacted(settings.database_url))
         try:

@@ -22,6 +22,7 @@ from pathlib import Path
 import ddpo
 from api.failures import FailureReason
 from worker import launcher, network, rank, runfiles, scripts
+from worker.unpack import unpack_checkpoint
 
 # How often the launcher looks at its ranks; and how long a rank stopped
 # because another failed has to exit before SIGKILL.
@@ -101,9 +102,7 @@ def _checkpoint_dir(config: runfiles.LaunchConfig) -> Path:
     directory = config.run_dir / runfiles.CHECKPOINT_DIR
     directory.mkdir(parents=True, exist_ok=True)
     if config.resume_from is not None:
-        with tarfile.open(config.resume_from) as archive:
-            # "data": no links out, no devices, no absolute or ../ paths.
-            archive.extractall(directory, filter="data")
+        unpack_checkpoint(config.resume_from, directory)
     return directory
 
 

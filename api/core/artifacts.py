@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -18,11 +21,41 @@ from db import queries
 log = logging.getLogger(__name__)
 
 
+# Staged uploads of a server that has not run for this long are orphans
+# (a server moved to another port or host): any server removes them.
+ORPHANED_AFTER_S = 24 * 3600
+
+
+def _incoming(settings: ServerSettings) -> Path:
+    """This server's staging folder: its own, since several servers may share
+    the artifacts directory (NFS), and one must not remove what another is
+    receiving."""
+    return settings.artifacts_dir / ".incoming" / f"{socket.gethostname()}-{settings.port}"
+
+
 def staging_path(settings: ServerSettings) -> Path:
     """Where an upload's bytes go while they arrive (a fresh name each time)."""
-    incoming = settings.artifacts_dir / ".incoming"
+    incoming = _incoming(settings)
     incoming.mkdir(parents=True, exist_ok=True)
     return incoming / uuid.uuid4().hex
+
+
+def clear_incoming(settings: ServerSettings) -> int:
+    """At start: remove what this server was receiving when it stopped (a
+    kill -9 leaves partial uploads, outside the quota), and any server's
+    staged files that are a day old. The number of files removed."""
+    removed = 0
+    root = settings.artifacts_dir / ".incoming"
+    # This server's, and those an earlier version staged straight in .incoming.
+    ours = (_incoming(settings), root)
+    now = time.time()
+    for path in root.glob("**/*"):
+        if path.is_file() and (
+            path.parent in ours or now - path.stat().st_mtime > ORPHANED_AFTER_S
+        ):
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
 
 
 def _folder(settings: ServerSettings, job_id: int) -> Path:
@@ -43,12 +76,17 @@ def check_upload(core: Core, part_id: int, node_id: int, epoch: int) -> None:
             raise Conflict(f"epoch: job {part.job_id} has {epochs} epoch(s), not {epoch}")
 
 
-def quota_left(core: Core) -> int:
-    """Bytes an upload may still add: the quota less what is kept and what
-    other uploads have brought so far."""
+def room_for_uploads(core: Core) -> Callable[[], int]:
+    """What the uploads arriving now may add up to: the quota less what is
+    kept. Read once as an upload starts; checkpoints kept meanwhile through
+    this server are counted as they are (``Uploads.kept``), so it never
+    overstates the room."""
+    # Marked before the read: a keep in between is counted twice, never missed.
+    mark = core.uploads.kept_so_far()
     with core.db.read() as session:
         kept = queries.checkpoint_bytes_kept(session=session)
-    return core.settings.artifacts_quota_mb * 2**20 - kept - core.uploads.arriving_bytes()
+    quota = core.settings.artifacts_quota_mb * 2**20
+    return lambda: quota - kept - (core.uploads.kept_so_far() - mark)
 
 
 def keep_checkpoint(
@@ -77,7 +115,8 @@ def keep_checkpoint(
             (folder / job.checkpoint_file).unlink(missing_ok=True)
         job.checkpoint_epoch, job.checkpoint_file, job.checkpoint_bytes = epoch, final.name, size
         log.info("job %d: checkpoint of epoch %d kept (%d bytes)", job.id, epoch, size)
-        return True
+    core.uploads.kept(size)  # once committed
+    return True
 
 
 def checkpoint_path(core: Core, job_id: int) -> tuple[Path, int]:

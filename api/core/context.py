@@ -108,6 +108,7 @@ class Uploads:
 
     def __init__(self) -> None:
         self._bytes: dict[int, int] = {}
+        self._kept = 0  # bytes of every upload kept so far
         self._lock = threading.Lock()
 
     def begin(self, part_id: int) -> bool:
@@ -118,17 +119,28 @@ class Uploads:
             self._bytes[part_id] = 0
             return True
 
-    def grew(self, part_id: int, size: int) -> None:
+    def grow(self, part_id: int, size: int, room: int) -> bool:
+        """Count the upload at ``size`` bytes if all arriving now fit in
+        ``room`` together; False (and nothing counted) if not. Charged as the
+        bytes arrive: concurrent uploads cannot each take the whole room."""
         with self._lock:
+            others = sum(n for part, n in self._bytes.items() if part != part_id)
+            if others + size > room:
+                return False
             self._bytes[part_id] = size
+            return True
+
+    def kept(self, size: int) -> None:
+        with self._lock:
+            self._kept += size
+
+    def kept_so_far(self) -> int:
+        with self._lock:
+            return self._kept
 
     def end(self, part_id: int) -> None:
         with self._lock:
             self._bytes.pop(part_id, None)
-
-    def arriving_bytes(self) -> int:
-        with self._lock:
-            return sum(self._bytes.values())
 
 
 @dataclass

@@ -132,7 +132,7 @@ async def _receive(request: Request, core: Core, part_id: int, node_id: int, sta
     """The upload's bytes into ``staged``, within the size cap and the quota."""
     settings = core.settings
     limit = settings.max_checkpoint_mb * 2**20
-    room = await run_in_threadpool(artifacts.quota_left, core)
+    room = await run_in_threadpool(artifacts.room_for_uploads, core)
     size = 0
     with open(staged, "wb") as f, _cut_off_is_a_400():
         async for chunk in request.stream():
@@ -145,13 +145,12 @@ async def _receive(request: Request, core: Core, part_id: int, node_id: int, sta
                     "body: checkpoint larger than "
                     f"DDPO_MAX_CHECKPOINT_MB={settings.max_checkpoint_mb}",
                 )
-            if size > room:
+            if not core.uploads.grow(part_id, size, room()):
                 raise HTTPException(
                     413,
                     "body: the checkpoints kept and arriving would pass "
                     f"DDPO_ARTIFACTS_QUOTA_MB={settings.artifacts_quota_mb}",
                 )
-            core.uploads.grew(part_id, size)
             f.write(chunk)
         f.flush()
         os.fsync(f.fileno())

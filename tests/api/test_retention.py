@@ -4,6 +4,7 @@ part at a time, a disk quota), driven over HTTP by a hand-played node."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,3 +176,58 @@ def test_a_checkpoint_removed_as_it_is_asked_for_is_a_404_not_a_broken_answer(
     stored.unlink()  # gone from disk, still named by the job's row
     gone = node.client.get(f"/jobs/{job_id}/model")
     assert gone.status_code == 404 and "was just removed" in gone.json()["detail"]
+
+
+def test_concurrent_uploads_never_pass_the_quota_together(tmp_path: Path) -> None:
+    """Three machine-0 nodes upload 600 KiB each at once under a 1 MiB quota:
+    the bytes are charged as they arrive, so at most one is kept, where each
+    used to be measured against the room left when it started."""
+    settings = make_settings(
+        tmp_path, poll_wait_s=0.5, artifacts_quota_mb=1, artifacts_dir=tmp_path / "artifacts"
+    )
+    with ThreadedServer(settings) as server, httpx.Client(base_url=server.url, timeout=10) as c:
+        nodes = [ProtocolNode(c, name) for name in ("a", "b", "c")]
+        for _ in nodes:
+            submit(c, epochs=3)
+        uploads = []
+        for node in nodes:
+            (start,) = node.poll()["start"]
+            sock = socket.create_connection(("127.0.0.1", settings.port))
+            sock.sendall(
+                f"PUT /parts/{start['part_id']}/checkpoint?node_id={node.node_id}&epoch=1 "
+                f"HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {node.credential}\r\n"
+                "Content-Type: application/octet-stream\r\n"
+                f"Content-Length: {600 * 1024}\r\n\r\n".encode()
+                + b"x" * (300 * 1024)
+            )
+            uploads.append(sock)
+        # All three are under way, 900 KiB arrived; now the rest of each.
+        answers = []
+        for sock in uploads:
+            with sock:
+                with contextlib.suppress(OSError):  # refused and closed mid-body
+                    sock.sendall(b"x" * (300 * 1024))
+                sock.settimeout(10)
+                answers.append(sock.recv(4096).split(b"\r\n", 1)[0])
+        kept = sum(
+            f.stat().st_size for f in (tmp_path / "artifacts").glob("job-*/*.pt") if f.is_file()
+        )
+        assert kept <= 2**20, (kept, answers)
+        assert answers.count(b"HTTP/1.1 200 OK") == 1, answers
+        assert answers.count(b"HTTP/1.1 413 Request Entity Too Large") == 2, answers
+
+
+def test_partial_uploads_are_removed_when_the_server_starts_again(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, artifacts_dir=tmp_path / "artifacts")
+    incoming = tmp_path / "artifacts" / ".incoming"
+    mine = incoming / f"{socket.gethostname()}-{settings.port}"
+    another = incoming / "another-host-8000"
+    for folder in (mine, another):
+        folder.mkdir(parents=True)
+    (mine / "cut-off").write_bytes(b"x" * 1000)  # as a kill -9 mid-upload leaves it
+    (incoming / "from-an-older-version").write_bytes(b"x" * 1000)
+    (another / "arriving-there-now").write_bytes(b"x" * 1000)
+    with ThreadedServer(settings):
+        assert sorted(p.name for p in incoming.glob("**/*") if p.is_file()) == [
+            "arriving-there-now"  # another server's, being received: left alone
+        ]
