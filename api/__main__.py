@@ -14,7 +14,7 @@ import uvicorn
 from pydantic import SecretStr, ValidationError
 from sqlalchemy.engine import make_url
 
-from api.local_tokens import announce, load_or_make, withdraw
+from api.local_tokens import TokenFileExposed, announce, load_or_make, withdraw
 from api.main import create_app, redacted
 from api.memory import give_large_blocks_back
 from api.serving import allow_open_files, uvicorn_options
@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> None:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # The database, its WAL, the token file and checkpoints hold secrets and
+    # people's work: readable by the server's user alone, whatever the shell's umask.
+    os.umask(0o077)
     # Before the schema check (the first large allocations): glibc's
     # threshold is fixed from the start (api/memory.py).
     give_large_blocks_back()
@@ -157,7 +160,10 @@ def _tokens(
         )
         return settings, None
     if not settings.tokens_configured:
-        settings = with_local_tokens(settings, log)
+        try:
+            settings = with_local_tokens(settings, log)
+        except TokenFileExposed as exc:
+            parser.exit(2, f"ddpo-server: {exc}\n")
         return settings, settings.token_file
     if settings.join_token is None:
         log.warning("tokens are set but DDPO_JOIN_TOKEN is not: no new worker can join")

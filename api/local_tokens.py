@@ -37,8 +37,24 @@ class LocalTokens:
     join: str
 
 
+class TokenFileExposed(ValueError):
+    """The token file is readable or writable by others than its owner."""
+
+
 def load_or_make(path: Path) -> tuple[LocalTokens, bool]:
-    """The tokens in ``path``, or new ones written there; True if made now."""
+    """The tokens in ``path``, or new ones written there; True if made now.
+    A file others may read or write is refused, as ssh refuses such a key:
+    its tokens may be known, or replaced, by anyone on the host."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        mode = 0
+    if mode & 0o077:
+        raise TokenFileExposed(
+            f"{path} is mode {mode & 0o777:04o}: others on this host may read or change its "
+            "tokens. If they may have, delete it (the server makes new ones; give workers the "
+            f"new join token); else chmod 600 {path}"
+        )
     found = read_token_file(path)
     if found is not None:
         return found, False

@@ -4,13 +4,16 @@ a revoked worker is shut out, and no token appears in any log or answer."""
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
-from cli.cluster import ClusterTokens, LocalCluster
+from cli.cluster import ClusterTokens, LocalCluster, free_port
 from tests.e2e.conftest import Jobs, ddpo_told_no_token, until
 
 pytestmark = pytest.mark.e2e
@@ -115,6 +118,9 @@ def test_a_server_started_without_tokens_makes_them_and_clients_here_find_them(
     with cluster:
         made = cluster.state_dir / "ddpo-tokens.env"
         assert stat.S_IMODE(made.stat().st_mode) == 0o600
+        # The database and its WAL too, whatever the umask it was started with.
+        for name in ("ddpo.db", "ddpo.db-wal"):
+            assert stat.S_IMODE((cluster.state_dir / name).stat().st_mode) == 0o600, name
         assert cluster.tokens is not None
         first = cluster.tokens
         assert httpx.get(f"{cluster.url}/jobs").status_code == 401  # tokens, always
@@ -134,3 +140,23 @@ def test_a_server_started_without_tokens_makes_them_and_clients_here_find_them(
                 30,
                 "the worker back",
             )
+
+
+def test_a_token_file_others_may_read_is_refused_not_used(tmp_path: Path) -> None:
+    """A token file left mode 0666 (by hand, or a careless copy) was used and
+    logged as "(mode 0600)": its tokens may be anyone's."""
+    exposed = tmp_path / "ddpo-tokens.env"
+    exposed.write_text("DDPO_ADMIN_TOKEN=a-token-anyone-read\nDDPO_JOIN_TOKEN=another\n")
+    exposed.chmod(0o666)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("DDPO_")},
+        "DDPO_DATABASE_URL": f"sqlite:///{tmp_path / 'ddpo.db'}",
+        "DDPO_TOKEN_FILE": str(exposed),
+        "DDPO_PORT": str(free_port()),
+    }
+    started = subprocess.run(
+        [sys.executable, "-m", "api"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert started.returncode == 2, started.stderr
+    assert f"{exposed} is mode 0666: others on this host may read or change" in started.stderr
+    assert f"chmod 600 {exposed}" in started.stderr
