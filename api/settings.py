@@ -30,6 +30,13 @@ class ServerSettings(BaseSettings):
     poll_wait_s: float = Field(
         2.0, ge=0, description="Longest a worker's poll is held open waiting for news"
     )
+    start_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="A part its node has not reported started this long after it was "
+        "assigned fails with launch_failed, and its job retries (the node may be fetching "
+        "a large checkpoint: a generous bound)",
+    )
     sweep_interval_s: float = Field(1.0, gt=0, description="How often lost nodes are looked for")
     max_page_size: int = Field(500, ge=1)
     max_nodes: int = Field(

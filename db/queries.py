@@ -342,6 +342,14 @@ def stale_live_nodes(*, session: Session, heartbeat_before: datetime) -> list[No
     return list(session.exec(statement).all())
 
 
+def parts_never_started(*, session: Session, assigned_before: datetime) -> list[Part]:
+    """Parts still waiting for their node to start them, assigned before then."""
+    statement = select(Part).where(
+        Part.status == PartStatus.ASSIGNED, col(Part.assigned_at) < assigned_before
+    )
+    return list(session.exec(statement).all())
+
+
 # --- progress -----------------------------------------------------------------
 
 

@@ -4,13 +4,18 @@ deadline fail, and retries whose backoff has passed start."""
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
+from sqlmodel import Session
+
+from api.core import lookup
 from api.core.context import Core, PlanMemo
 from api.core.placement import plan_and_start, schedule
-from api.core.settlement import fail_at_deadline, lose_parts
+from api.core.settlement import fail_at_deadline, lose_parts, may_explain, settle
 from api.failures import FailureReason
-from api.lifecycle import NodeState
+from api.lifecycle import NodeState, PartStatus, move_part
+from api.schemas import JobError
+from api.settings import ServerSettings
 from db import queries
 from db.models import Job, Node, Part, utcnow
 
@@ -32,10 +37,44 @@ def tick(core: Core, judge_nodes: bool = True) -> bool:
         late = queries.jobs_past_deadline(session=session, now=now)
         for job in late:
             fail_at_deadline(session, job, now)
-        outcome = None if not late and memo.still_holds(writes, now) else plan_and_start(session)
+        unstarted = fail_parts_never_started(session, core.settings, now)
+        changed = bool(late or unstarted)
+        outcome = None if not changed and memo.still_holds(writes, now) else plan_and_start(session)
     if outcome is not None:  # committed: the plan is in the database
         core.plan_memo = PlanMemo(writes, outcome.next_due)
-    return lost or bool(late) or (outcome is not None and outcome.placed)
+    return lost or changed or (outcome is not None and outcome.placed)
+
+
+def fail_parts_never_started(session: Session, settings: ServerSettings, now: datetime) -> bool:
+    """A node that takes a part and never starts it (while it keeps polling
+    and heartbeating, so it is not lost) would hold the job forever: past
+    ``start_timeout_s`` the part fails with launch_failed, which retries."""
+    timeout_s = settings.start_timeout_s
+    parts = queries.parts_never_started(
+        session=session, assigned_before=now - timedelta(seconds=timeout_s)
+    )
+    for part in parts:
+        node = queries.get_node(session=session, node_id=part.node_id)
+        what = (
+            f"node {node.name if node else part.node_id} did not start machine "
+            f"{part.machine_id} within DDPO_START_TIMEOUT_S={timeout_s:g} of being given it"
+        )
+        part.status = move_part(part.status, PartStatus.FAILED)
+        part.finished_at = now
+        part.error = what
+        job = lookup.job(session, part.job_id, for_update=True)
+        if job.current_attempt_id != part.attempt_id:
+            continue
+        log.warning("job %d: %s", job.id, what)
+        if may_explain(job, FailureReason.LAUNCH_FAILED):
+            job.error = JobError(
+                reason=FailureReason.LAUNCH_FAILED,
+                message=what,
+                machine_id=part.machine_id,
+                node=node.name if node else None,
+            )
+        settle(session, job, now, settings)
+    return bool(parts)
 
 
 def write_sightings(core: Core) -> None:

@@ -339,3 +339,34 @@ def test_a_log_flood_is_held_to_the_jobs_cap_and_the_nodes_rate(capped: httpx.Cl
     kept = capped.get(f"/jobs/{job_id}/logs", params={"limit": 5000}).json()["lines"]
     assert len(kept) == 3000
     assert kept[-1]["text"] == f"line {20_000 + taken - 1}"
+
+
+def test_a_part_its_node_never_starts_fails_launch_failed_and_the_job_retries(
+    tmp_path: Path,
+) -> None:
+    """A node that takes a part and keeps polling but never starts it held
+    the job for good (it is not lost: it polls)."""
+    settings = make_settings(
+        tmp_path, poll_wait_s=0.2, sweep_interval_s=0.1, start_timeout_s=1.0, retry_backoff_s=0
+    )
+    with ThreadedServer(settings) as server, httpx.Client(base_url=server.url, timeout=10) as c:
+        idle = ProtocolNode(c, "takes-and-sits")
+        job_id = c.post("/jobs", json={"max_restarts": 1}).json()["id"]
+        assert [s["job_id"] for s in idle.poll()["start"]] == [job_id]
+
+        def retried() -> dict[str, Any] | None:
+            idle.poll()  # alive all along, reporting nothing running
+            job = c.get(f"/jobs/{job_id}").json()
+            return job if len(job["attempts"]) == 2 else None
+
+        deadline = time.monotonic() + 15
+        while (job := retried()) is None:
+            assert time.monotonic() < deadline, c.get(f"/jobs/{job_id}").json()
+            time.sleep(0.1)
+        first = job["attempts"][0]["error"]
+        assert first["reason"] == "launch_failed"
+        assert first["message"] == (
+            "node takes-and-sits did not start machine 0 within DDPO_START_TIMEOUT_S=1 of "
+            "being given it"
+        )
+        assert job["status"] in ("queued", "running")
