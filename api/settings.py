@@ -30,6 +30,12 @@ class ServerSettings(BaseSettings):
     poll_wait_s: float = Field(
         2.0, ge=0, description="Longest a worker's poll is held open waiting for news"
     )
+    max_queued_jobs_per_person: int = Field(
+        1000,
+        ge=1,
+        description="Queued jobs one key or role token may have at once (a study counts "
+        "its rows); beyond, a submit is a 429",
+    )
     start_timeout_s: float = Field(
         900.0,
         gt=0,

@@ -258,6 +258,15 @@ def node_of_credential(*, session: Session, hexdigest: str) -> int | None:
     return session.exec(select(Node.id).where(Node.credential_digest == hexdigest)).first()
 
 
+def count_queued_jobs_of(*, session: Session, owner: str) -> int:
+    statement = (
+        select(func.count())
+        .select_from(Job)
+        .where(Job.owner == owner, Job.status == JobStatus.QUEUED)
+    )
+    return int(session.exec(statement).one())
+
+
 def count_unrevoked_nodes(*, session: Session) -> int:
     statement = select(func.count()).select_from(Node).where(Node.state != NodeState.REVOKED)
     return int(session.exec(statement).one() or 0)

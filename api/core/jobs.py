@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
+from sqlmodel import Session
+
 from api.core import lookup, offers
 from api.core.context import Core
-from api.core.errors import Conflict, NotFound
+from api.core.errors import Conflict, NotFound, TooMany
 from api.core.people import Actor, check_may_steer, record
 from api.core.placement import schedule
 from api.core.settlement import cancel
@@ -52,6 +54,8 @@ def submit_job(
                         f"{existing.id} with a different spec"
                     )
                 return existing.id, False
+        # After the key's lookup: a resend of a job already queued is no new one.
+        _check_room_in_the_queue(core, session, actor, 1)
         job = queries.insert_job(
             session=session,
             spec=spec,
@@ -64,6 +68,21 @@ def submit_job(
         schedule(session)
         log.info("job %d submitted: %s", job.id, spec.model_dump_json())
         return job.id, True
+
+
+def _check_room_in_the_queue(core: Core, session: Session, actor: Actor, adding: int) -> None:
+    """One person cannot fill the queue (and every submit's and placement's
+    work with it): at most ``max_queued_jobs_per_person`` queued at once."""
+    if actor.name is None:
+        return  # a server without tokens: nobody to count
+    limit = core.settings.max_queued_jobs_per_person
+    queued = queries.count_queued_jobs_of(session=session, owner=actor.name)
+    if queued + adding > limit:
+        raise TooMany(
+            f"{actor.name} has {queued} queued job(s); DDPO_MAX_QUEUED_JOBS_PER_PERSON={limit} "
+            f"allows {max(0, limit - queued)} more: wait for some to start, or cancel some",
+            retry_after_s=30,
+        )
 
 
 def cancel_job(core: Core, job_id: int, actor: Actor) -> None:
@@ -108,6 +127,7 @@ def submit_study(core: Core, create: StudyCreate, actor: Actor) -> int:
     with core.db.read() as session:
         create = create.model_copy(update={"spec": offers.checked(session, create.spec)})
     with core.db.write() as session:
+        _check_room_in_the_queue(core, session, actor, len(create.rows))
         study = queries.insert_study(session=session, name=create.name, owner=actor.name)
         assert study.id is not None
         for index, row in enumerate(create.rows):

@@ -300,3 +300,37 @@ def test_the_audit_log_records_the_peer_not_what_a_header_claims(
         assert made.status_code == 201, made.text
         entries = proxied.get("/audit", headers=ADMIN).json()["data"]
     assert [e["address"] for e in entries] == ["203.0.113.9"]
+
+
+def test_one_person_cannot_fill_the_queue(tmp_path: Path) -> None:
+    """Nothing limited one person's queued jobs (every submit and placement
+    pays for the queue): DDPO_MAX_QUEUED_JOBS_PER_PERSON, a 429 beyond."""
+    settings = make_settings(
+        tmp_path, admin_token=ADMIN_TOKEN, user_token=USER_TOKEN, max_queued_jobs_per_person=3
+    )
+    with ThreadedServer(settings) as server, httpx.Client(base_url=server.url, timeout=10) as c:
+        alice = as_key(new_key(c, "alice"))
+        bob = as_key(new_key(c, "bob"))
+        # No node: every job stays queued.
+        for _ in range(2):
+            assert c.post("/jobs", json={}, headers=alice).status_code == 201
+        study = {"rows": [{"num_machines": 1, "num_processes": 1, "batch_size": 64}] * 2}
+        refused_study = c.post("/studies", json=study, headers=alice)
+        assert refused_study.status_code == 429, refused_study.text
+        resent = {**alice, "Idempotency-Key": "third"}
+        assert c.post("/jobs", json={}, headers=resent).status_code == 201
+        # A resend of a job already queued is not a new one.
+        assert c.post("/jobs", json={}, headers=resent).status_code == 200
+        refused = c.post("/jobs", json={}, headers=alice)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["detail"] == (
+            "alice has 3 queued job(s); DDPO_MAX_QUEUED_JOBS_PER_PERSON=3 allows 0 more: wait "
+            "for some to start, or cancel some"
+        )
+        assert refused.headers["Retry-After"] == "30"
+        # Someone else's queue is their own.
+        assert c.post("/jobs", json={}, headers=bob).status_code == 201
+        # A cancel makes room.
+        first = c.get("/jobs", headers=ADMIN).json()["data"][-1]["id"]
+        assert c.post(f"/jobs/{first}/cancel", headers=alice).status_code in (200, 202)
+        assert c.post("/jobs", json={}, headers=alice).status_code == 201
