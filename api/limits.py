@@ -12,24 +12,27 @@ from api.raw_answers import send_problem
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_bytes: int, exempt: Callable[[str, str], bool]) -> None:
+    def __init__(self, app: ASGIApp, cap_for: Callable[[str, str], tuple[int, str] | None]) -> None:
         self.app = app
-        self.max_bytes = max_bytes
-        # Routes with their own, larger limit (checkpoint uploads).
-        self.exempt = exempt
+        # A route's cap in bytes and the setting that sets it; None: the
+        # route has its own (checkpoint uploads).
+        self.cap_for = cap_for
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
+        cap = (
+            None
+            if scope["type"] != "http"
             # No route reads a GET's body: nothing to hold, nothing to count.
             or scope["method"] in ("GET", "HEAD")
-            or self.exempt(scope["method"], scope["path"])
-        ):
+            else self.cap_for(scope["method"], scope["path"])
+        )
+        if cap is None:
             await self.app(scope, receive, send)
             return
+        max_bytes, setting = cap
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            await self._too_large(send)
+        if declared is not None and (not declared.isdigit() or int(declared) > max_bytes):
+            await _too_large(send, max_bytes, setting)
             return
         received = 0
         refused = False
@@ -41,11 +44,11 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
+                if received > max_bytes:
                     # Answer now; the route sees the client gone and its
                     # own answer goes nowhere.
                     refused = True
-                    await self._too_large(send)
+                    await _too_large(send, max_bytes, setting)
                     return {"type": "http.disconnect"}
             return message
 
@@ -55,6 +58,7 @@ class BodyLimitMiddleware:
 
         await self.app(scope, counted, unless_refused)
 
-    async def _too_large(self, send: Send) -> None:
-        detail = f"body: larger than {self.max_bytes} bytes (DDPO_MAX_BODY_KB)"
-        await send_problem(send, 413, detail, [(b"connection", b"close")])
+
+async def _too_large(send: Send, max_bytes: int, setting: str) -> None:
+    detail = f"body: larger than {max_bytes} bytes ({setting})"
+    await send_problem(send, 413, detail, [(b"connection", b"close")])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -176,7 +176,7 @@ class _Orchestrator(FastAPI):
             self.state.quiet_nodes,
             self.state.latency,
         )
-        capped = BodyLimitMiddleware(lane, settings.max_body_kb * 1024, _uploads)
+        capped = BodyLimitMiddleware(lane, _body_caps(settings))
         guarded: ASGIApp = AuthMiddleware(
             capped, self.state.tokens, saw=self.state.core.sightings.saw
         )
@@ -195,10 +195,23 @@ class _Orchestrator(FastAPI):
         return guarded
 
 
-def _uploads(method: str, path: str) -> bool:
-    """Checkpoint uploads: capped by DDPO_MAX_CHECKPOINT_MB instead."""
-    route = route_table.match(method, path)
-    return not isinstance(route, int) and route.upload
+def _body_caps(settings: ServerSettings) -> Callable[[str, str], tuple[int, str] | None]:
+    """Each route's body cap: checkpoint uploads have their own
+    (DDPO_MAX_CHECKPOINT_MB); a node's batches and registration may be large;
+    every other body (a submit, a poll) is small, so that twenty 16 MiB
+    submits cannot take the server's memory while they are refused."""
+    large = (settings.max_body_kb * 1024, "DDPO_MAX_BODY_KB")
+    small = (min(settings.max_small_body_kb, settings.max_body_kb) * 1024, "DDPO_MAX_SMALL_BODY_KB")
+
+    def cap(method: str, path: str) -> tuple[int, str] | None:
+        route = route_table.match(method, path)
+        if isinstance(route, int):
+            return small  # no such route: FastAPI says so, with nothing to read
+        if route.upload:
+            return None
+        return large if route.large_body else small
+
+    return cap
 
 
 # How late the sweep may wake before the server counts itself as stalled.

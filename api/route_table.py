@@ -26,6 +26,10 @@ class Route:
     roles: frozenset[Role]  # PUBLIC: anyone
     # The body is a checkpoint: capped by DDPO_MAX_CHECKPOINT_MB, not DDPO_MAX_BODY_KB.
     upload: bool = False
+    # The body may be large (a node's batch of log lines or reports, its
+    # registration): capped by DDPO_MAX_BODY_KB; every other route's by
+    # DDPO_MAX_SMALL_BODY_KB.
+    large_body: bool = False
 
 
 # The dashboard's pages and the API reference (FastAPI's own) carry no data.
@@ -67,15 +71,15 @@ WHOAMI = Route("GET", "/whoami", READ)
 LIST_NODES = Route("GET", "/nodes", READ)
 LIST_TRAINERS = Route("GET", "/trainers", READ)
 # A new node joins; a known one registers again with its own credential.
-REGISTER_NODE = Route("POST", "/nodes/register", NODE | {Role.JOIN})
+REGISTER_NODE = Route("POST", "/nodes/register", NODE | {Role.JOIN}, large_body=True)
 REVOKE_NODE = Route("POST", "/nodes/{node_id}/revoke", ADMIN)
 POLL = Route("POST", "/nodes/{node_id}/poll", NODE)
 HEARTBEAT = Route("POST", "/nodes/{node_id}/heartbeat", NODE)
 
 PART_STARTED = Route("POST", "/parts/{part_id}/started", NODE)
 PART_RENDEZVOUS = Route("POST", "/parts/{part_id}/rendezvous", NODE)
-PART_PROGRESS = Route("POST", "/parts/{part_id}/progress", NODE)
-PART_LOGS = Route("POST", "/parts/{part_id}/logs", NODE)
+PART_PROGRESS = Route("POST", "/parts/{part_id}/progress", NODE, large_body=True)
+PART_LOGS = Route("POST", "/parts/{part_id}/logs", NODE, large_body=True)
 PART_FINISH = Route("POST", "/parts/{part_id}/finish", NODE)
 PART_CHECKPOINT = Route("PUT", "/parts/{part_id}/checkpoint", NODE, upload=True)
 

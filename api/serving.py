@@ -10,14 +10,26 @@ polls could not connect. Here a request's head must arrive within
 ``header_timeout_s`` of the connection opening or the previous answer
 going out, and an answer that cannot be written for ``send_timeout_s`` ends
 its connection (nginx's ``client_header_timeout`` and ``send_timeout``).
+
+And the limits a slow or greedy client met nowhere (issue 27's review): a
+request's head over ``max_header_bytes`` is answered 431 and its connection
+closed before the rest is read (a 64 MiB header was answered 200, and four
+of 40 MiB stalled the event loop for 12 s); a request answered before its
+body arrived (a 401, 403 or 413) has its connection closed rather than the
+rest of the body read (a client dripping one byte every few seconds held
+its connection for as long as it liked, token or not); a body that stops
+arriving for ``body_timeout_s`` ends its connection; and no one address
+holds more than ``connections_per_address`` connections (2,100 sockets from
+one host took every connection there was).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import resource
-from typing import Any
+from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -26,18 +38,107 @@ from api.settings import ServerSettings
 log = logging.getLogger(__name__)
 
 
+def _raw_problem(status: int, reason: str, detail: str) -> bytes:
+    body = json.dumps({"detail": detail}).encode()
+    return (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode() + body
+
+
 class GuardedHttpTools(HttpToolsProtocol):
     header_timeout_s: float = 10.0
     send_timeout_s: float = 30.0
+    body_timeout_s: float = 30.0
+    max_header_bytes: int = 64 * 1024
+    connections_per_address: int = 512
+    # Open connections per peer address, for every connection of this server.
+    by_address: ClassVar[dict[str, int]] = {}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
         self._send_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._in_head = True
+        self._head_bytes = 0
+        self._address: str | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        address = peer[0] if isinstance(peer, tuple) and peer else None
+        if address is not None:
+            held = self.by_address.get(address, 0)
+            if held >= self.connections_per_address:
+                log.warning(
+                    "refusing a connection from %s: it holds %d already "
+                    "(DDPO_CONNECTIONS_PER_ADDRESS)",
+                    address,
+                    held,
+                )
+                transport.write(
+                    _raw_problem(
+                        503,
+                        "Service Unavailable",
+                        f"this address holds {held} connections to the server already "
+                        "(DDPO_CONNECTIONS_PER_ADDRESS)",
+                    )
+                )
+                transport.close()
+                return
+            self.by_address[address] = held + 1
+            self._address = address
         self._await_head()
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return  # refused: nothing more of this connection is read
+        if self._in_head:
+            end = data.find(b"\r\n\r\n")
+            self._head_bytes += len(data) if end < 0 else end + 4
+            if self._head_bytes > self.max_header_bytes:
+                self._refuse_head()
+                return
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_stalled)
+        super().data_received(data)
+
+    def _refuse_head(self) -> None:
+        self._cancel_head_timer()
+        self.transport.write(
+            _raw_problem(
+                431,
+                "Request Header Fields Too Large",
+                f"headers: the request's head is over {self.max_header_bytes} bytes",
+            )
+        )
+        self.transport.close()
+
+    def on_message_complete(self) -> None:
+        self._cancel_body_timer()
+        self._in_head, self._head_bytes = True, 0  # the next request's head comes next
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and not self.transport.is_closing():
+            # Answered before its body arrived (a 401, 403, 413): reading the
+            # rest would let a slow client keep the connection.
+            self._cancel_body_timer()
+            self.transport.close()
+        super().on_response_complete()
+
+    def _body_stalled(self) -> None:
+        self._body_timer = None
+        log.info("closing a connection whose body stopped for %.0f s", self.body_timeout_s)
+        self.transport.close()
+
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -46,7 +147,11 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._cancel_head_timer()
+        self._in_head = False
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body:
+            self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_stalled)
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -61,6 +166,14 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._cancel_body_timer()
+        if self._address is not None:
+            left = self.by_address.get(self._address, 1) - 1
+            if left > 0:
+                self.by_address[self._address] = left
+            else:
+                self.by_address.pop(self._address, None)
+            self._address = None
         if self._send_timer is not None:
             self._send_timer.cancel()
             self._send_timer = None
@@ -91,7 +204,15 @@ def uvicorn_options(settings: ServerSettings) -> dict[str, Any]:
     protocol = type(
         "GuardedHttpTools",
         (GuardedHttpTools,),
-        {"header_timeout_s": settings.header_timeout_s, "send_timeout_s": settings.send_timeout_s},
+        {
+            "header_timeout_s": settings.header_timeout_s,
+            "send_timeout_s": settings.send_timeout_s,
+            "body_timeout_s": settings.body_timeout_s,
+            "max_header_bytes": settings.max_header_kb * 1024,
+            "connections_per_address": settings.connections_per_address,
+            # Each server (a test runs several in one process) counts its own.
+            "by_address": {},
+        },
     )
     return {
         "http": protocol,

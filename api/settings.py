@@ -98,6 +98,13 @@ class ServerSettings(BaseSettings):
         description="Largest request body (checkpoints excepted): a worker's biggest batch "
         "of log lines is about 8 MiB",
     )
+    max_small_body_kb: int = Field(
+        1024,
+        ge=1,
+        description="Largest body of a request that never needs a large one (a submit, a "
+        "poll, a finish); a node's log and progress batches and its registration may use "
+        "DDPO_MAX_BODY_KB",
+    )
     allowed_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Names (comma-separated) requests may carry in their Host header; "
@@ -125,6 +132,18 @@ class ServerSettings(BaseSettings):
     )
     send_timeout_s: float = Field(
         30.0, gt=0, description="A reader that takes none of its answer this long is cut off"
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="A request body that stops arriving this long is cut off"
+    )
+    max_header_kb: int = Field(
+        64, ge=1, le=1024, description="Largest request head (line and headers); 431 beyond"
+    )
+    connections_per_address: int = Field(
+        512,
+        ge=1,
+        description="Connections one client address may hold at once (503 beyond), so one "
+        "host cannot take them all; several servers' workers behind one NAT share it",
     )
     keep_alive_s: float = Field(
         5.0, gt=0, description="An idle keep-alive connection is closed after this"

@@ -33,7 +33,7 @@ async def _nothing(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def _layers(book: TokenBook) -> AuthMiddleware:
-    capped = BodyLimitMiddleware(_nothing, 16 * 2**20, lambda method, path: False)
+    capped = BodyLimitMiddleware(_nothing, lambda method, path: (16 * 2**20, "DDPO_MAX_BODY_KB"))
     return AuthMiddleware(capped, book)
 
 

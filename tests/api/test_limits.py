@@ -3,6 +3,7 @@ bodies (checkpoints have their own), and CORS closed unless configured."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import httpx
 import pytest
 
 from api.host_check import allowed_hosts, host_of
-from tests.api.conftest import ProtocolNode, ThreadedServer, make_settings
+from tests.api.conftest import ProtocolNode, ThreadedServer, make_settings, wait_for
 from worker.client import ServerClient, ServerUnavailable
 
 
@@ -207,3 +208,32 @@ def test_every_string_a_node_registers_with_is_bounded(tmp_path: Path) -> None:
             refused = client.post("/nodes/register", json={**body, field: value})
             assert refused.status_code == 422, (field, refused.text)
             assert refused.json()["detail"][0]["msg"].startswith(field), refused.text
+
+
+def test_one_address_cannot_take_every_connection(tmp_path: Path) -> None:
+    """A host holding DDPO_CONNECTIONS_PER_ADDRESS connections gets 503 for
+    the next; another address is served, and a closed one makes room."""
+    settings = make_settings(tmp_path, connections_per_address=5)
+    with ThreadedServer(settings) as server:
+        held = [socket.create_connection(("127.0.0.1", settings.port)) for _ in range(5)]
+        try:
+            with socket.create_connection(("127.0.0.1", settings.port)) as one_more:
+                one_more.settimeout(10)
+                answer = one_more.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
+            assert b"DDPO_CONNECTIONS_PER_ADDRESS" in answer
+            elsewhere = httpx.HTTPTransport(local_address="127.0.0.2")
+            with httpx.Client(base_url=server.url, transport=elsewhere, timeout=10) as other:
+                assert other.get("/healthz").status_code == 200
+        finally:
+            for sock in held:
+                sock.close()
+
+        def served() -> bool:
+            with httpx.Client(base_url=server.url, timeout=10) as again:
+                try:
+                    return again.get("/healthz").status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+        wait_for(served, what="the address served again once its connections closed")
