@@ -168,44 +168,37 @@ def _supervise(
 def _failure(config: runfiles.LaunchConfig, local_rank: int, code: int) -> runfiles.Outcome:
     assignment = config.assignment
     global_rank = assignment.rank_of(local_rank)
-    where = f"rank {global_rank} (machine {assignment.machine_id})"
     tail = _tail(runfiles.rank_log(config.run_dir, global_rank))
-    if code < 0 and _raised_last(tail) and launcher.classify(tail) is FailureReason.RANK_FAILED:
-        # Its own exception ended it; a signal while it exited (a crash in
-        # a library's teardown) does not make that the machine's fault.
-        return runfiles.Outcome(
-            status="failed",
-            reason=FailureReason.RANK_FAILED,
-            message=f"{where} raised, then was killed by {signal.Signals(-code).name} exiting",
-            failing_rank=global_rank,
-            exit_code=code,
-            traceback_tail=tail,
-        )
-    if code < 0:
-        # Killed: by the OOM killer, an operator, a lost machine. Retryable.
-        return runfiles.Outcome(
-            status="failed",
-            reason=FailureReason.RANK_EXITED,
-            message=f"{where} was killed by {signal.Signals(-code).name}",
-            failing_rank=global_rank,
-            exit_code=code,
-            traceback_tail=tail or None,
-        )
-    # The script ended itself non-zero (an exception exits 1): its own doing,
-    # unless what it printed says a peer went away first.
-    reason = launcher.classify(tail)
-    what = {
-        FailureReason.PEER_FAILURE: "lost a peer",
-        FailureReason.RENDEZVOUS_FAILED: "could not rendezvous",
-    }.get(reason, f"exited with code {code}")
+    reason, what = _judged(code, tail)
     return runfiles.Outcome(
         status="failed",
         reason=reason,
-        message=f"{where} {what}",
+        message=f"rank {global_rank} (machine {assignment.machine_id}) {what}",
         failing_rank=global_rank,
         exit_code=code,
         traceback_tail=tail or None,
     )
+
+
+def _judged(code: int, tail: str) -> tuple[FailureReason, str]:
+    """Why a rank that ended with ``code`` (negative: the signal) failed,
+    from what it printed last, and that in words."""
+    reason = launcher.classify(tail)
+    if code < 0:
+        signal_name = signal.Signals(-code).name
+        if _raised_last(tail) and reason is FailureReason.RANK_FAILED:
+            # Its own exception ended it; a signal while it exited (a crash
+            # in a library's teardown) does not make that the machine's fault.
+            return reason, f"raised, then was killed by {signal_name} exiting"
+        # Killed: by the OOM killer, an operator, a lost machine. Retryable.
+        return FailureReason.RANK_EXITED, f"was killed by {signal_name}"
+    # The script ended itself non-zero (an exception exits 1): its own doing,
+    # unless what it printed says a peer went away first.
+    what = {
+        FailureReason.PEER_FAILURE: "lost a peer",
+        FailureReason.RENDEZVOUS_FAILED: "could not rendezvous",
+    }.get(reason, f"exited with code {code}")
+    return reason, what
 
 
 def _raised_last(tail: str) -> bool:

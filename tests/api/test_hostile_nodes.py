@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.api.conftest import ProtocolNode, ThreadedServer, make_settings
+from tests.api.test_retention import lines as log_lines
 
 
 def nested(levels: int) -> dict[str, Any]:
@@ -277,13 +278,6 @@ def test_only_machine_0_reports_the_jobs_progress_and_result(client: httpx.Clien
     assert done["status"] == "succeeded"
     assert done["progress"]["loss"] == 0.5
     assert done["result"]["test_accuracy"] == 0.9
-
-
-def log_lines(first: int, count: int) -> list[dict[str, Any]]:
-    return [
-        {"rank": 0, "offset": 100 * i, "text": f"line {i}", "at": "2026-12-01T00:00:00Z"}
-        for i in range(first, first + count)
-    ]
 
 
 @pytest.fixture
