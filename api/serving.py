@@ -150,8 +150,19 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._in_head = False
         super().on_headers_complete()
         cycle = self.cycle
-        if cycle is not None and cycle.more_body:
-            self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_stalled)
+        if cycle is None or not cycle.more_body:
+            return
+        self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_stalled)
+        answer = cycle.send
+
+        async def send(message: Any) -> None:
+            if message["type"] == "http.response.start" and cycle.more_body:
+                # Answered before its body arrived: say the connection ends
+                # with this answer (uvicorn then closes it once sent).
+                cycle.keep_alive = False
+            await answer(message)
+
+        cycle.send = send  # type: ignore[method-assign]
 
     def pause_writing(self) -> None:
         super().pause_writing()
