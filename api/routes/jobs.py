@@ -51,7 +51,10 @@ FOLLOW_POLL_S = 0.5
     route_table.SUBMIT_JOB,
     status_code=201,
     response_model=JobPublic,
-    responses={200: {"model": JobPublic, "description": "The job this Idempotency-Key made"}},
+    responses={
+        200: {"model": JobPublic, "description": "The job this Idempotency-Key made"},
+        **documented(429),
+    },
 )
 def submit_job(
     spec: JobSpec,

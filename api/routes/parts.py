@@ -63,7 +63,7 @@ def part_progress(
     return Ack(accepted=reports.record_progress(core, part_id, body))
 
 
-@endpoint(router, route_table.PART_LOGS, response_model=Ack)
+@endpoint(router, route_table.PART_LOGS, response_model=Ack, responses=documented(429))
 def part_logs(part_id: PartId, body: LogBatch, core: CoreDep, caller_node: CallerNodeDep) -> Ack:
     """Lines the part's ranks and launcher printed; resent lines are ignored."""
     acting_for(caller_node, body.node_id)

@@ -18,7 +18,13 @@ router = APIRouter(prefix="/studies", tags=["studies"], responses=documented(400
 StudyId = Annotated[int, Path(ge=1, le=DB_INT_MAX)]
 
 
-@endpoint(router, route_table.SUBMIT_STUDY, status_code=201, response_model=StudyPublic)
+@endpoint(
+    router,
+    route_table.SUBMIT_STUDY,
+    status_code=201,
+    response_model=StudyPublic,
+    responses=documented(429),
+)
 def submit_study(
     create: StudyCreate, core: CoreDep, db: DatabaseDep, actor: ActorDep
 ) -> StudyPublic:
