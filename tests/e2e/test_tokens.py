@@ -51,7 +51,8 @@ def test_a_job_runs_with_tokens_and_no_log_shows_them(mnist_dir: Path, tmp_path:
         )
         assert as_joiner.status_code == 403
         # Each worker keeps its node's own credential, readable by it alone.
-        files = sorted(cluster.state_dir.glob("node-*/runs/node-credential"))
+        # (beside its work directory, outside the tree its ranks run in).
+        files = sorted(cluster.state_dir.glob("node-*/runs.node-credential"))
         assert len(files) == 2
         assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
         credentials = [f.read_text().strip() for f in files]
