@@ -121,15 +121,6 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._in_head, self._head_bytes = True, 0  # the next request's head comes next
         super().on_message_complete()
 
-    def on_response_complete(self) -> None:
-        cycle = self.cycle
-        if cycle is not None and cycle.more_body and not self.transport.is_closing():
-            # Answered before its body arrived (a 401, 403, 413): reading the
-            # rest would let a slow client keep the connection.
-            self._cancel_body_timer()
-            self.transport.close()
-        super().on_response_complete()
-
     def _body_stalled(self) -> None:
         self._body_timer = None
         log.info("closing a connection whose body stopped for %.0f s", self.body_timeout_s)
@@ -156,9 +147,13 @@ class GuardedHttpTools(HttpToolsProtocol):
         answer = cycle.send
 
         async def send(message: Any) -> None:
-            if message["type"] == "http.response.start" and cycle.more_body:
-                # Answered before its body arrived: say the connection ends
-                # with this answer (uvicorn then closes it once sent).
+            # This request's cycle, not ``self.cycle``: the client may have
+            # sent its next request before this answer's last (empty) part.
+            if cycle.more_body:
+                # Answered before its body arrived (a 401, 403, 413): the
+                # connection ends with this answer (uvicorn says so and
+                # closes it once sent) rather than read the rest for as
+                # long as a slow client likes.
                 cycle.keep_alive = False
             await answer(message)
 
