@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from sqlmodel import Session
@@ -43,9 +44,9 @@ def _read_trainer_variants(session: Session) -> list[_Variant]:
     for node, offers, _scripts in queries.live_node_offers(session=session):
         for offer in offers:
             schema = offer.get("params_schema")
-            if schema is not None and not _safe(schema):
-                continue  # kept before schemas were checked at registration
             key = (offer["name"], offer.get("version", "0"), json.dumps(schema, sort_keys=True))
+            if schema is not None and not _safe(key[2]):
+                continue  # kept before schemas were checked at registration
             variant = variants.setdefault(
                 key, _Variant(offer["name"], offer.get("version", "0"), schema)
             )
@@ -53,9 +54,12 @@ def _read_trainer_variants(session: Session) -> list[_Variant]:
     return sorted(variants.values(), key=lambda v: (v.name, v.version))
 
 
-def _safe(schema: dict[str, Any]) -> bool:
+@lru_cache(maxsize=1024)
+def _safe(schema_json: str) -> bool:
+    """Once per distinct schema: the nodes' rows are read again whenever the
+    node table changes (heartbeat times included), and most share a schema."""
     try:
-        params_schema.check(schema)
+        params_schema.check(json.loads(schema_json))
     except params_schema.SchemaRefused as exc:
         log.warning("a node's schema kept from before it was checked is refused: %s", exc)
         return False
