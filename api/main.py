@@ -50,6 +50,7 @@ from api.routes import (
     studies,
     trainers,
 )
+from api.routes.off_loop import BodyDecoders
 from api.settings import ServerSettings
 from db import queries
 from db.changes import Change, Wake
@@ -88,6 +89,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
+            await run_in_threadpool(app.state.body_decoders.close)
             db.dispose()
 
     app = _Orchestrator(
@@ -105,6 +107,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.quiet_nodes = QuietNodes(notifier)
     app.state.core = core
     app.state.read_cache = read_cache
+    app.state.body_decoders = BodyDecoders(settings.body_decoders)
     app.state.tokens = TokenBook(
         settings.role_tokens,
         core.credentials,

@@ -98,6 +98,13 @@ class ServerSettings(BaseSettings):
         description="Largest request body (checkpoints excepted): a worker's biggest batch "
         "of log lines is about 8 MiB",
     )
+    body_decoders: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Processes that decode a node's bodies over 256 KiB (started with the "
+        "first one), so that a large body never holds up other requests",
+    )
     max_small_body_kb: int = Field(
         1024,
         ge=1,

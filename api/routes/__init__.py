@@ -9,14 +9,24 @@ from typing import Any, TypeVar
 from fastapi import APIRouter
 
 from api.route_table import Route
+from api.routes.off_loop import OffLoopBody
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def endpoint(router: APIRouter, route: Route, **options: Any) -> Callable[[F], F]:
-    """``router``'s decorator for this route (its path less the router's prefix)."""
+    """``router``'s decorator for this route (its path less the router's
+    prefix); a route that takes large bodies decodes them off the event loop."""
     assert route.path.startswith(router.prefix), (route.path, router.prefix)
-    decorate: Callable[[F], F] = router.api_route(
-        route.path.removeprefix(router.prefix), methods=[route.method], **options
-    )
+
+    def decorate(func: F) -> F:
+        router.add_api_route(
+            route.path.removeprefix(router.prefix),
+            func,
+            methods=[route.method],
+            route_class_override=OffLoopBody if route.large_body else None,
+            **options,
+        )
+        return func
+
     return decorate

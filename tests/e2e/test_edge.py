@@ -188,3 +188,50 @@ def test_twenty_16_mib_bodies_leave_the_server_small_and_answering(edge: LocalCl
 def edge_auth(cluster: LocalCluster) -> str:
     """A user's token: these bodies are refused for their size, not their caller."""
     return "".join(f"{name}: {value}\r\n" for name, value in cluster.headers("user").items())
+
+
+def test_a_nodes_huge_bodies_leave_the_server_answering(edge: LocalCluster) -> None:
+    """Eight 16 MiB log batches at once, each eight million numbers (what
+    makes a JSON decoder work hardest per byte): decoded where they hold up
+    no one, refused naming the field, while a real job runs."""
+    assert edge.tokens is not None
+    joined = httpx.post(
+        f"{edge.url}/nodes/register",
+        json={"name": "hostile", "address": "127.0.0.1"},
+        headers={"Authorization": f"Bearer {edge.tokens.join}"},
+    ).raise_for_status()
+    node = joined.json()
+    zeros = b",".join([b"0"] * (8 * 2**20 - 64))
+    body = b'{"node_id": %d, "lines": [], "x": [' % node["node_id"] + zeros + b"]}"
+    answers: list[httpx.Response] = []
+
+    def send() -> None:
+        answers.append(
+            httpx.post(
+                f"{edge.url}/parts/999999/logs",
+                content=body,
+                headers={
+                    "Authorization": f"Bearer {node['credential']}",
+                    "Content-Type": "application/json",
+                },
+                timeout=120,
+            )
+        )
+
+    senders = [threading.Thread(target=send) for _ in range(8)]
+    slowest = 0.0
+    with elsewhere(edge) as person:
+        job_id = person.post("/jobs", json={"max_steps_per_epoch": 5}).json()["id"]
+        for sender in senders:
+            sender.start()
+        while any(sender.is_alive() for sender in senders):
+            started = time.monotonic()
+            assert person.get("/healthz").status_code == 200
+            slowest = max(slowest, time.monotonic() - started)
+            time.sleep(0.05)
+        job = wait_done(person, job_id, 120)
+    record("eight 16 MiB node bodies", healthz_slowest_s=round(slowest, 3))
+    assert [answer.status_code for answer in answers] == [422] * 8
+    assert answers[0].json()["detail"][0]["msg"] == "x: Extra inputs are not permitted"
+    assert job["status"] == "succeeded", job["error"]
+    assert slowest < 1.0, slowest
