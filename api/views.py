@@ -167,11 +167,8 @@ def _public_jobs(db_session: Session, jobs: list[Job]) -> list[public.JobPublic]
     for part, node in queries.parts_with_nodes(session=db_session, attempt_ids=attempt_ids):
         parts[part.attempt_id].append((part, node))
     now = utcnow()
-    places = (
-        {q.job_id: q for q in _queue(db_session, now).data}
-        if any(j.status is JobStatus.QUEUED for j in jobs)
-        else {}
-    )
+    queued = {j.id for j in jobs if j.status is JobStatus.QUEUED and j.id is not None}
+    places = {q.job_id: q for q in _queue(db_session, now, only=queued).data} if queued else {}
     return [
         job_public(
             job,
@@ -189,14 +186,18 @@ def read_queue(*, db: Database) -> public.QueuePublic:
         return _queue(session, utcnow())
 
 
-def _queue(session: Session, now: datetime) -> public.QueuePublic:
+def _queue(session: Session, now: datetime, only: set[int] | None = None) -> public.QueuePublic:
     """Every queued job in the order placement tries them, with what it
-    makes of each now (api/core/placement.py, survey_queue)."""
+    makes of each now (api/core/placement.py, survey_queue); ``only`` these
+    jobs' rows (a job's own view: where it stands needs the whole line
+    planned, its row alone needs writing out)."""
     survey = survey_queue(session, queries.queued_jobs(session=session, locking=False), now)
     nodes = survey.nodes if survey.nodes is not None else free_capacity(session)
     data = []
     for position, job in enumerate(survey.jobs, start=1):
         assert job.id is not None
+        if only is not None and job.id not in only:
+            continue
         decision = survey.decisions[job.id]
         if isinstance(decision, Placement):  # it fits: the next turn of the clock starts it
             decision = Pending(
@@ -224,7 +225,7 @@ def _queue(session: Session, now: datetime) -> public.QueuePublic:
         )
     return public.QueuePublic(
         data=data,
-        count=len(data),
+        count=len(survey.jobs),
         nodes_live=len(nodes),
         slots_free=sum(max(0, n.free_slots) for n in nodes),
     )

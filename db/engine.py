@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -68,6 +69,7 @@ class Database:
         # waiting for the write lock.
         self._one_writer = threading.Lock()
         self._memos: dict[str, tuple[tuple[int, ...], Any]] = {}
+        self.kept_specs = KeptValues(KEPT_SPECS)
         self._listener: Listener | None = None
         self._lease: SweepLease | None = None
         self.is_sqlite = make_url(url).get_backend_name() == "sqlite"
@@ -198,6 +200,45 @@ class Database:
             self._lease.release()
             self._lease = None
         self.engine.dispose()
+
+
+# Job specs placement keeps decoded: more than one person's queue cap.
+KEPT_SPECS = 20_000
+
+
+class KeptValues:
+    """Values that never change once written (a job's spec), decoded once
+    per server rather than at every read: placement reads the spec of every
+    queued job, and decoding a thousand of them took longer than the rest
+    of a submit. Keyed by what identifies the row for good (a job's id and
+    its creation time: an id alone could name another job in a database
+    made anew); the least recently used are dropped past ``size``."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._values: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> Any | None:
+        with self._lock:
+            value = self._values.get(key)
+            if value is not None:
+                self._values.move_to_end(key)
+            return value
+
+    def put(self, key: Hashable, value: Any) -> None:
+        with self._lock:
+            self._values[key] = value
+            self._values.move_to_end(key)
+            while len(self._values) > self._size:
+                self._values.popitem(last=False)
+
+
+def kept_values(session: Session) -> KeptValues | None:
+    """The job specs this session's database keeps decoded (None: a session
+    not from a :class:`Database`)."""
+    database = session.info.get(_DATABASE)
+    return database.kept_specs if isinstance(database, Database) else None
 
 
 def memoized(session: Session, name: str, tables: tuple[type, ...], compute: Callable[[], T]) -> T:

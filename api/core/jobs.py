@@ -11,7 +11,7 @@ from api.core import lookup, offers
 from api.core.context import Core
 from api.core.errors import Conflict, NotFound, TooMany
 from api.core.people import Actor, check_may_steer, record
-from api.core.placement import schedule
+from api.core.placement import schedule, schedule_submitted
 from api.core.settlement import cancel
 from api.lifecycle import JobStatus, can_cancel, study_status
 from api.schemas import JobSpec, StudyCreate, Topology
@@ -65,7 +65,7 @@ def submit_job(
         )
         assert job.id is not None
         record(session, actor, AuditAction.JOB_SUBMIT, f"job {job.id}", name=spec.name)
-        schedule(session)
+        schedule_submitted(session, job)
         log.info("job %d submitted: %s", job.id, spec.model_dump_json())
         return job.id, True
 

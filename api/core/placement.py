@@ -12,10 +12,11 @@ from sqlmodel import Session
 
 from api.core.settlement import set_job_status
 from api.lifecycle import JobStatus, PendingCode
-from api.scheduling import NodeCapacity, Pending, Placement, plan
+from api.scheduling import NodeCapacity, Pending, Placement, place_gang, plan
 from db import queries
 from db.engine import memoized
 from db.models import Job, Node, utcnow
+from db.queries import QueuedJob
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +47,42 @@ def plan_and_start(session: Session) -> Outcome:
             for node_id in decision.node_ids
         },
     )
+    # The queue was read as a few columns: the jobs that start, and those
+    # whose reason changed (a backoff's says which restart), are read whole.
+    touched = {
+        queued.id: decision
+        for queued in survey.jobs
+        if isinstance(decision := survey.decisions[queued.id], Placement)
+        or (
+            decision.code is not PendingCode.RETRY_BACKOFF
+            and queued.pending_reason != decision.reason
+        )
+    }
     placed = False
-    for job in survey.jobs:
+    for job in queries.get_jobs(session=session, job_ids=list(touched)):
         assert job.id is not None
-        decision = survey.decisions[job.id]
+        decision = touched[job.id]
         if isinstance(decision, Placement):
             start(session, job, [chosen[i] for i in decision.node_ids], now)
             placed = True
-        elif decision.code is not PendingCode.RETRY_BACKOFF:  # that one says which restart
+        else:
             job.pending_reason = decision.reason
     return Outcome(placed, survey.next_due)
+
+
+def schedule_submitted(session: Session, job: Job) -> None:
+    """Placement after ``job`` joined the queue. Nothing else has changed
+    since the queue was last planned (whatever frees a slot or brings a
+    node plans it again), so a job that could not start even at the head of
+    the line takes nothing from anyone, and the others' plan stands: only a
+    job that could start now needs the whole queue planned, to see whether
+    it or one before it starts. A submit into a busy cluster costs the same
+    with a thousand jobs queued as with none."""
+    decision = place_gang(job.spec, free_capacity(session))
+    if isinstance(decision, Placement):
+        schedule(session)
+    else:
+        job.pending_reason = decision.reason
 
 
 @dataclass(frozen=True)
@@ -63,7 +90,7 @@ class QueueSurvey:
     """Every queued job in the order it is tried, and what placement makes
     of each now."""
 
-    jobs: list[Job]
+    jobs: list[QueuedJob]
     decisions: dict[int, Placement | Pending]
     next_due: datetime | None
     # The live nodes with their free slots now; None when no job was due
@@ -71,12 +98,12 @@ class QueueSurvey:
     nodes: list[NodeCapacity] | None
 
 
-def survey_queue(session: Session, jobs: list[Job], now: datetime) -> QueueSurvey:
+def survey_queue(session: Session, jobs: list[QueuedJob], now: datetime) -> QueueSurvey:
     """What placement decides for ``jobs`` (queued, in the order tried) now.
     A pure plan (api/scheduling.py) over the nodes' free slots, after the
     jobs that wait for a retry's backoff or for their study's job before."""
     decisions: dict[int, Placement | Pending] = {}
-    due: dict[int, Job] = {}
+    due: dict[int, QueuedJob] = {}
     next_due: datetime | None = None
     for job in jobs:
         assert job.id is not None

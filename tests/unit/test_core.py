@@ -202,3 +202,48 @@ def test_the_clock_fails_a_job_past_its_deadline_without_a_request(core: Core) -
     assert failed.status is JobStatus.FAILED
     assert failed.error is not None and failed.error.reason is FailureReason.DEADLINE
     assert failed.parts[0].status is PartStatus.STOPPING  # its node is told to stop it
+
+
+def test_a_submit_into_a_full_cluster_reads_none_of_the_queue(
+    core: Core, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job that cannot start even at the head of the line changes no one
+    else's plan: its submit costs the same with 300 queued as with none.
+    One that could start has the whole line planned, and waits its turn."""
+    node = join(core, "a")
+    running, _ = jobs.submit_job(core, JobSpec(), NOBODY)
+    (assignment,) = started(core, node)
+    assert assignment.job_id == running
+    other = join(core, "b")
+    jobs.submit_job(core, JobSpec(), NOBODY)
+    assert len(started(core, other)) == 1  # both slots taken
+    wide = JobSpec(topology=Topology(num_machines=2))
+    queued = [jobs.submit_job(core, wide, NOBODY)[0] for _ in range(300)]
+    surveys: list[int] = []
+    real = queries.queued_jobs
+
+    def counted(**kwargs: object) -> list[object]:
+        found = real(**kwargs)  # type: ignore[arg-type]
+        surveys.append(len(found))
+        return found  # type: ignore[return-value]
+
+    monkeypatch.setattr(queries, "queued_jobs", counted)
+    late, _ = jobs.submit_job(core, JobSpec(), NOBODY)
+    assert surveys == []
+    assert "waiting for 1 free node(s)" in (read_job(db=core.db, job_id=late).pending_reason or "")
+    assert status(core, queued[0]) is JobStatus.QUEUED
+
+    # A slot frees: the first in line (two machines) cannot start on it,
+    # and the late one-machine job does not overtake it.
+    assert finish(core, node, assignment.part_id, status="succeeded", exit_code=0)
+    assert status(core, queued[0]) is JobStatus.QUEUED
+    assert status(core, late) is JobStatus.QUEUED
+    # A job that could start now has the whole line planned: behind the
+    # first in line, it waits too.
+    surveys.clear()
+    later, _ = jobs.submit_job(core, JobSpec(), NOBODY)
+    assert surveys == [302]
+    assert status(core, later) is JobStatus.QUEUED
+    # Ahead of everyone (a higher priority), it starts at once.
+    urgent, _ = jobs.submit_job(core, JobSpec(priority=5), NOBODY)
+    assert status(core, urgent) is JobStatus.RUNNING
