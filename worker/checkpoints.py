@@ -1,11 +1,19 @@
 """Checkpoints: a plain dict (model, optimizer, epoch, step, spec, RNG state)
 written by rank 0 at the end of each epoch, to a temporary file then renamed,
 so a crash never leaves half of one. Files are named by epoch and never
-rewritten (see runfiles.checkpoint_path)."""
+rewritten (see runfiles.checkpoint_path).
+
+A job asked to stop (issue 28's cooperative stop) saves one in the middle
+of an epoch: the same dict with ``batches_done``, the batches of ``epoch``
+already trained, and ``epoch_loss``, their summed loss, so that a run
+resumed from it trains the rest of that epoch and ends with the model a run
+never stopped ends with, tensor for tensor. Its file is named by the step
+(runfiles.stop_checkpoint_path)."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +32,11 @@ def save(
     epoch: int,
     step: int,
     spec: JobSpec,
+    batches_done: int | None = None,
+    epoch_loss: float | None = None,
 ) -> Path:
+    """Rank 0's checkpoint at the end of ``epoch``, or with ``batches_done``
+    of its batches trained (a stop in the middle of it)."""
     state: dict[str, Any] = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
@@ -37,26 +49,56 @@ def save(
     }
     if torch.cuda.is_initialized():
         state["cuda_rng"] = torch.cuda.get_rng_state()
-    path = runfiles.checkpoint_path(run_dir, epoch)
+    if batches_done is not None:
+        state["batches_done"] = batches_done
+        state["epoch_loss"] = epoch_loss
+        path = runfiles.stop_checkpoint_path(run_dir, step)
+    else:
+        path = runfiles.checkpoint_path(run_dir, epoch)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    for older, older_epoch in runfiles.checkpoints(run_dir):
-        if older_epoch < epoch:
-            older.unlink(missing_ok=True)
+    if batches_done is None:
+        for older, older_epoch in runfiles.checkpoints(run_dir):
+            if older_epoch < epoch:
+                older.unlink(missing_ok=True)
     return path
 
 
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a resumed run starts: ``batches_done`` batches into ``epoch``
+    (0: at its start), with their summed loss so far."""
+
+    epoch: int
+    batches_done: int
+    epoch_loss: float
+
+
+def resume(path: Path, model: nn.Module, optimizer: optim.Optimizer) -> ResumePoint:
+    """Load a checkpoint, of a whole epoch or from a stop within one."""
+    state = _load(path, model, optimizer)
+    if "batches_done" in state:
+        return ResumePoint(state["epoch"], state["batches_done"], state["epoch_loss"] or 0.0)
+    return ResumePoint(state["epoch"] + 1, 0, 0.0)
+
+
 def restore(path: Path, model: nn.Module, optimizer: optim.Optimizer) -> int:
-    """Load a checkpoint into this rank's model and optimizer; return its epoch."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    """Load a checkpoint into this rank's model and optimizer; return its
+    epoch (the last whole one: a stop's checkpoint is within the next)."""
+    state = _load(path, model, optimizer)
+    epoch: int = state["epoch"]
+    return epoch - 1 if "batches_done" in state else epoch
+
+
+def _load(path: Path, model: nn.Module, optimizer: optim.Optimizer) -> dict[str, Any]:
+    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"])
     if "cuda_rng" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda_rng"])
-    epoch: int = state["epoch"]
-    return epoch
+    return state

@@ -18,6 +18,10 @@ def _nothing(**_: object) -> None:
     return None
 
 
+def _never() -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class TrainContext:
     spec: JobSpec
@@ -43,6 +47,11 @@ class TrainContext:
     # The job's params as an instance of the trainer's params model (None
     # when it declares none).
     params: Any = None
+    # should_stop(): whether the job has been asked to stop, agreed by every
+    # rank (worker/stopping.py): call it at the same point of every step on
+    # every rank (it is a collective every few calls); when it says so,
+    # checkpoint at this step and return.
+    should_stop: Callable[[], bool] = _never
 
     @property
     def is_master(self) -> bool:

@@ -14,6 +14,7 @@ and tests/e2e/test_equivalence.py hold both to it).
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,11 +189,13 @@ class TrainData:
     labels: torch.Tensor | None = None
     loader: DataLoader[tuple[torch.Tensor, int]] | None = None
 
-    def epoch(self, epoch: int, device: torch.device) -> Iterator[Batch]:
+    def epoch(self, epoch: int, device: torch.device, skip: int = 0) -> Iterator[Batch]:
+        """The epoch's batches, after its first ``skip`` (a run resumed
+        within the epoch has trained those)."""
         # Reshuffle differently each epoch, identically on every rank.
         self.sampler.set_epoch(epoch)
         if self.loader is not None:
-            for data, target in self.loader:
+            for data, target in itertools.islice(self.loader, skip, None):
                 yield (
                     data.to(device, non_blocking=True),
                     target.to(device, non_blocking=True),
@@ -201,7 +204,7 @@ class TrainData:
         assert self.images is not None and self.labels is not None
         # The order the DataLoader would batch, cut the same way (last batch short).
         order = torch.tensor(list(self.sampler), dtype=torch.int64, device=self.images.device)
-        for index in order.split(self.batch_size):
+        for index in order.split(self.batch_size)[skip:]:
             yield self.images[index], self.labels[index]
 
 
@@ -282,19 +285,39 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
     ctx.attach_comm_hook(ddp)
     optimizer = optim.Adadelta(ddp.parameters(), lr=spec.lr)
 
-    first_epoch = 1
+    start = checkpoints.ResumePoint(1, 0, 0.0)
     if ctx.resume is not None:
-        first_epoch = checkpoints.restore(ctx.resume, model, optimizer) + 1
+        start = checkpoints.resume(ctx.resume, model, optimizer)
     pace = Pace.of(spec, data, ctx.world_size)
 
     train_started = perf_counter()
     epoch_seconds: list[float] = []
     last_epoch_loss = torch.zeros((), device=ctx.device)
-    for epoch in range(first_epoch, spec.epochs + 1):
+    for epoch in range(start.epoch, spec.epochs + 1):
         epoch_started = perf_counter()
-        last_epoch_loss = train_epoch(
-            ctx, ddp, optimizer, data.epoch(epoch, ctx.device), epoch, pace
+        within = start if epoch == start.epoch else checkpoints.ResumePoint(epoch, 0, 0.0)
+        trained = train_epoch(
+            ctx,
+            ddp,
+            optimizer,
+            data.epoch(epoch, ctx.device, skip=within.batches_done),
+            epoch,
+            pace,
+            within,
         )
+        if trained.stopped:
+            # Asked to stop: every rank stops after this same step, and the
+            # checkpoint holds it (the next attempt trains the rest).
+            ctx.checkpoint(
+                model=model,
+                optimizer=optimizer,
+                epoch=epoch,
+                step=(epoch - 1) * pace.batches_per_epoch + trained.batches_done,
+                batches_done=trained.batches_done,
+                epoch_loss=float(trained.loss_sum.item()),
+            )
+            return None
+        last_epoch_loss = trained.loss_sum / pace.batches_per_epoch
         epoch_seconds.append(perf_counter() - epoch_started)
         ctx.checkpoint(
             model=model, optimizer=optimizer, epoch=epoch, step=epoch * pace.batches_per_epoch
@@ -324,6 +347,16 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
     )
 
 
+@dataclass(frozen=True)
+class Trained:
+    """What an epoch's loop did: batches trained (counted from the epoch's
+    start), their summed loss, and whether it stopped early when asked."""
+
+    batches_done: int
+    loss_sum: torch.Tensor
+    stopped: bool
+
+
 def train_epoch(
     ctx: TrainContext,
     ddp: DistributedDataParallel,
@@ -331,19 +364,26 @@ def train_epoch(
     batches: Iterator[Batch],
     epoch: int,
     pace: Pace,
-) -> torch.Tensor:
-    """One epoch; its mean loss (rank 0 prints and reports every LOG_EVERY batches)."""
+    start: checkpoints.ResumePoint | None = None,
+) -> Trained:
+    """One epoch, or its rest after ``start`` (rank 0 prints and reports
+    every LOG_EVERY batches); it stops early, after a step every rank
+    agrees on, when the job is asked to stop (ctx.should_stop)."""
     ddp.train()
     channels_last = ctx.spec.performance.channels_last
-    window_started, window_done = perf_counter(), 0
-    epoch_loss = torch.zeros((), device=ctx.device)
-    for batch_idx, (images, target) in enumerate(batches):
+    first = start.batches_done if start is not None else 0
+    window_started, window_done = perf_counter(), first
+    # Accumulate on the device: no host sync on batches we don't log. A
+    # resumed epoch carries on from the sum it stopped at, so its mean is
+    # the mean a run never stopped computes.
+    epoch_loss = torch.tensor(start.epoch_loss if start is not None else 0.0, device=ctx.device)
+    done = first
+    for batch_idx, (images, target) in enumerate(batches, start=first):
         if batch_idx >= pace.batches_per_epoch:
             break
         if channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         loss = train_step(ddp, optimizer, images, target)
-        # Accumulate on the device: no host sync on batches we don't log.
         epoch_loss += loss
         done = batch_idx + 1
         if ctx.is_master and (batch_idx % LOG_EVERY == 0 or done == pace.batches_per_epoch):
@@ -351,7 +391,9 @@ def train_epoch(
             rate = (done - window_done) * pace.samples_per_batch / max(now - window_started, 1e-9)
             window_started, window_done = now, done
             log_step(ctx, epoch, done, loss.item(), rate, pace)
-    return epoch_loss / pace.batches_per_epoch
+        if done < pace.batches_per_epoch and ctx.should_stop():
+            return Trained(done, epoch_loss, stopped=True)
+    return Trained(done, epoch_loss, stopped=False)
 
 
 def log_step(

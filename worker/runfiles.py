@@ -174,6 +174,12 @@ def checkpoint_path(run_dir: Path, epoch: int) -> Path:
     return run_dir / f"checkpoint-epoch-{epoch}.pt"
 
 
+def stop_checkpoint_path(run_dir: Path, step: int) -> Path:
+    """A checkpoint taken where a job was asked to stop, within an epoch:
+    named by its step (the batches every rank has trained)."""
+    return run_dir / f"checkpoint-step-{step}.pt"
+
+
 def checkpoints(run_dir: Path) -> list[tuple[Path, int]]:
     """The complete checkpoints in the run directory, oldest first."""
     found = []

@@ -1,0 +1,52 @@
+"""The cooperative stop, as the ranks see it: the job has been asked to stop
+(preempted, drained, resized), and every rank must stop after the same step,
+or the next collective waits forever for the ranks that went on.
+
+Each rank knows only its own wish (its launcher's word reaches the ranks of
+one machine, not all at once). Every :data:`CHECK_EVERY` steps the ranks
+agree: an all-reduce of a one-element flag (MAX), so that all stop after
+that step if any was asked. Between agreements a wish waits: a stop comes at
+most ``CHECK_EVERY - 1`` steps after it was asked, and loses no step (the
+checkpoint is taken where the ranks stop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+# Steps between agreements: one all-reduce of 4 bytes is tens of
+# microseconds beside a step of milliseconds (bench/stop_agreement.py).
+CHECK_EVERY = 10
+
+
+class StopAgreement:
+    """``should_stop`` for one rank: called once per step, the same number
+    of times on every rank."""
+
+    def __init__(
+        self,
+        wish: Callable[[], bool],
+        device: torch.device,
+        every: int = CHECK_EVERY,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        self._wish = wish
+        self._device = device
+        self._every = every
+        self._group = group
+        self._calls = 0
+        self._agreed = False
+
+    def should_stop(self) -> bool:
+        if self._agreed:
+            return True
+        self._calls += 1
+        if self._calls % self._every:
+            return False
+        flag = torch.tensor([1 if self._wish() else 0], dtype=torch.int32, device=self._device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        self._agreed = bool(flag.item())
+        return self._agreed
