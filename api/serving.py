@@ -50,6 +50,7 @@ class GuardedHttpTools(HttpToolsProtocol):
     header_timeout_s: float = 10.0
     send_timeout_s: float = 30.0
     body_timeout_s: float = 30.0
+    min_body_bytes_per_s: int = 1024
     max_header_bytes: int = 64 * 1024
     connections_per_address: int = 512
     # Open connections per peer address, for every connection of this server.
@@ -60,6 +61,9 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._send_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
+        # When the body being read began, and its bytes so far.
+        self._body_started = 0.0
+        self._body_bytes = 0
         self._in_head = True
         self._head_bytes = 0
         self._address: str | None = None
@@ -102,8 +106,31 @@ class GuardedHttpTools(HttpToolsProtocol):
                 return
         if self._body_timer is not None:
             self._body_timer.cancel()
+            self._body_bytes += len(data)
+            if self._body_too_slow():
+                return
             self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_stalled)
         super().data_received(data)
+
+    def _body_too_slow(self) -> bool:
+        """A body that keeps coming, a byte at a time, never stalls: past
+        the body timeout it must have come at the minimum rate on average
+        (1 KiB/s by default; a checkpoint over a slow link comes at
+        hundreds), or its connection ends."""
+        elapsed = self.loop.time() - self._body_started
+        floor = elapsed * self.min_body_bytes_per_s
+        if elapsed <= self.body_timeout_s or self._body_bytes >= floor:
+            return False
+        self._body_timer = None
+        log.info(
+            "closing a connection whose body came at %.0f bytes/s for %.0f s "
+            "(DDPO_MIN_BODY_BYTES_PER_S=%d)",
+            self._body_bytes / elapsed,
+            elapsed,
+            self.min_body_bytes_per_s,
+        )
+        self.transport.close()
+        return True
 
     def _refuse_head(self) -> None:
         self._cancel_head_timer()
@@ -144,6 +171,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         if cycle is None or not cycle.more_body:
             return
         self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_stalled)
+        self._body_started, self._body_bytes = self.loop.time(), 0
         answer = cycle.send
 
         async def send(message: Any) -> None:
@@ -214,6 +242,7 @@ def uvicorn_options(settings: ServerSettings) -> dict[str, Any]:
             "header_timeout_s": settings.header_timeout_s,
             "send_timeout_s": settings.send_timeout_s,
             "body_timeout_s": settings.body_timeout_s,
+            "min_body_bytes_per_s": settings.min_body_bytes_per_s,
             "max_header_bytes": settings.max_header_kb * 1024,
             "connections_per_address": settings.connections_per_address,
             # Each server (a test runs several in one process) counts its own.

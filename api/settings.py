@@ -143,6 +143,12 @@ class ServerSettings(BaseSettings):
     body_timeout_s: float = Field(
         30.0, gt=0, description="A request body that stops arriving this long is cut off"
     )
+    min_body_bytes_per_s: int = Field(
+        1024,
+        ge=1,
+        description="A body still arriving after DDPO_BODY_TIMEOUT_S more slowly than this "
+        "on average is cut off (a byte every few seconds would hold its connection for hours)",
+    )
     max_header_kb: int = Field(
         64, ge=1, le=1024, description="Largest request head (line and headers); 431 beyond"
     )

@@ -146,3 +146,40 @@ def test_a_reader_that_stops_reading_is_cut_off_after_the_send_timeout(tmp_path:
             assert received < 20 * size
             sock.close()
         assert node.client.get("/healthz").status_code == 200
+
+
+def test_a_body_that_drips_in_is_cut_off_and_a_slow_steady_one_is_not(tmp_path: Path) -> None:
+    """A byte every 0.3 s never stalls for the body timeout (1 s), but past
+    it comes at 3 bytes a second, under the floor of 100: cut off. A body
+    sent at 650 bytes a second for 3 s arrives whole."""
+    settings = make_settings(tmp_path, body_timeout_s=1.0, min_body_bytes_per_s=100)
+    body = b'{"name": "steady", "padding": "' + b"x" * 1900 + b'"}'
+    head = (
+        f"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with ThreadedServer(settings) as server, connect(settings.port) as drip:
+        drip.sendall(head)
+        started = time.monotonic()
+        cut_after = None
+        for byte in body:
+            try:
+                drip.sendall(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                cut_after = time.monotonic() - started
+                break
+            time.sleep(0.3)
+            if time.monotonic() - started > 10:
+                break
+        assert cut_after is not None and 1.0 <= cut_after < 5, cut_after
+
+        with connect(settings.port) as steady:
+            steady.sendall(head)
+            for first in range(0, len(body), 200):
+                steady.sendall(body[first : first + 200])
+                time.sleep(0.3)
+            steady.settimeout(10)
+            answer = steady.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 422 "), answer  # read whole: "padding" is unknown
+        with httpx.Client(base_url=server.url) as client:
+            assert client.get("/jobs").json()["count"] == 0
