@@ -23,6 +23,7 @@ import asyncio
 import functools
 import json
 import multiprocessing
+import sys
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ProcessPoolExecutor
@@ -57,12 +58,18 @@ class BodyDecoders:
     def _executor(self) -> ProcessPoolExecutor:
         with self._lock:
             if self._pool is None:
+                # Python 3.10 cannot replace a decoder: it keeps its heap.
+                renew: dict[str, Any] = (
+                    {"max_tasks_per_child": BODIES_PER_DECODER}
+                    if sys.version_info >= (3, 11)
+                    else {}
+                )
                 self._pool = ProcessPoolExecutor(
                     self._processes,
                     # Not fork: the server has threads (the database's, the
                     # thread pool's) whose locks a forked child would inherit.
                     mp_context=multiprocessing.get_context("spawn"),
-                    max_tasks_per_child=BODIES_PER_DECODER,
+                    **renew,
                 )
             return self._pool
 
