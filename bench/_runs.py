@@ -166,3 +166,20 @@ def mean_wall(runs: list[Run], way: str) -> float:
 
 def mean_train(runs: list[Run], way: str) -> float:
     return statistics.mean(r.train_s or 0.0 for r in runs if r.way == way)
+
+
+def servers_to_compare(
+    stack: contextlib.ExitStack, folder: Path, against: str | None
+) -> dict[str, dict[str, str]]:
+    """The servers a benchmark runs, by name, each with the environment its
+    process needs: this tree's ("this"), and with ``against`` that commit's
+    too, checked out as a git worktree under ``folder`` (removed with
+    ``stack``) and put first on its PYTHONPATH."""
+    servers: dict[str, dict[str, str]] = {"this": {}}
+    if against:
+        tree = folder / "against"
+        add = ["git", "worktree", "add", "--detach", str(tree), against]
+        subprocess.run(add, check=True, capture_output=True)
+        stack.callback(subprocess.run, ["git", "worktree", "remove", "--force", str(tree)])
+        servers[against] = {"PYTHONPATH": str(tree)}
+    return servers

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import subprocess
 import tempfile
 import threading
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from bench._runs import servers_to_compare
 from cli.cluster import LocalCluster
 
 
@@ -51,13 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        servers: dict[str, dict[str, str]] = {"this": {}}
-        if args.against:
-            tree = tmp / "against"
-            add = ["git", "worktree", "add", "--detach", str(tree), args.against]
-            subprocess.run(add, check=True)
-            stack.callback(subprocess.run, ["git", "worktree", "remove", "--force", str(tree)])
-            servers[args.against] = {"PYTHONPATH": str(tree)}
+        servers = servers_to_compare(stack, tmp, args.against)
         nodes: dict[str, tuple[LocalCluster, tuple[int, dict[str, str]]]] = {}
         for name, env in servers.items():
             cluster = stack.enter_context(

@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
+from bench._runs import servers_to_compare
 from cli.cluster import LocalCluster
 
 BAND = 250
@@ -32,13 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        servers: dict[str, dict[str, str]] = {"this": {}}
-        if args.against:
-            tree = tmp / "against"
-            add = ["git", "worktree", "add", "--detach", str(tree), args.against]
-            subprocess.run(add, check=True, capture_output=True)
-            stack.callback(subprocess.run, ["git", "worktree", "remove", "--force", str(tree)])
-            servers[args.against] = {"PYTHONPATH": str(tree)}
+        servers = servers_to_compare(stack, tmp, args.against)
         clients: dict[str, httpx.Client] = {}
         for name, env in servers.items():
             cluster = stack.enter_context(
