@@ -195,7 +195,6 @@ def _queue(session: Session, now: datetime, only: set[int] | None = None) -> pub
     nodes = survey.nodes if survey.nodes is not None else free_capacity(session)
     data = []
     for position, job in enumerate(survey.jobs, start=1):
-        assert job.id is not None
         if only is not None and job.id not in only:
             continue
         decision = survey.decisions[job.id]

@@ -234,7 +234,7 @@ class KeptValues:
                 self._values.popitem(last=False)
 
 
-def kept_values(session: Session) -> KeptValues | None:
+def kept_specs_of(session: Session) -> KeptValues | None:
     """The job specs this session's database keeps decoded (None: a session
     not from a :class:`Database`)."""
     database = session.info.get(_DATABASE)

@@ -15,7 +15,7 @@ from sqlmodel import Session, col, select
 from api.lifecycle import JobStatus, NodeState, PartStatus
 from api.schemas import JobSpec
 from api.schemas.people import AuditAction
-from db.engine import kept_values
+from db.engine import kept_specs_of
 from db.models import ApiKey, Attempt, AuditRow, Job, LogRow, Node, Part, ProgressRow, Study
 
 # Statuses whose processes may still exist: they hold a slot on their node.
@@ -133,7 +133,7 @@ def queued_jobs(*, session: Session, locking: bool = True) -> list[QueuedJob]:
     if locking:
         statement = statement.with_for_update(skip_locked=True)
     rows = session.execute(statement).all()
-    kept = kept_values(session)
+    kept = kept_specs_of(session)
     specs: dict[int, JobSpec] = {}
     for row in rows:
         spec = kept.get((row.id, row.created_at)) if kept is not None else None

@@ -364,19 +364,19 @@ def train_epoch(
     batches: Iterator[Batch],
     epoch: int,
     pace: Pace,
-    start: checkpoints.ResumePoint | None = None,
+    start: checkpoints.ResumePoint,
 ) -> Trained:
     """One epoch, or its rest after ``start`` (rank 0 prints and reports
     every LOG_EVERY batches); it stops early, after a step every rank
     agrees on, when the job is asked to stop (ctx.should_stop)."""
     ddp.train()
     channels_last = ctx.spec.performance.channels_last
-    first = start.batches_done if start is not None else 0
+    first = start.batches_done
     window_started, window_done = perf_counter(), first
     # Accumulate on the device: no host sync on batches we don't log. A
     # resumed epoch carries on from the sum it stopped at, so its mean is
     # the mean a run never stopped computes.
-    epoch_loss = torch.tensor(start.epoch_loss if start is not None else 0.0, device=ctx.device)
+    epoch_loss = torch.tensor(start.epoch_loss, device=ctx.device)
     done = first
     for batch_idx, (images, target) in enumerate(batches, start=first):
         if batch_idx >= pace.batches_per_epoch:

@@ -33,12 +33,10 @@ class StopAgreement:
         wish: Callable[[], bool],
         device: torch.device,
         every: int = CHECK_EVERY,
-        group: dist.ProcessGroup | None = None,
     ) -> None:
         self._wish = wish
         self._device = device
         self._every = every
-        self._group = group
         self._calls = 0
         self._agreed = False
 
@@ -49,6 +47,6 @@ class StopAgreement:
         if self._calls % self._every:
             return False
         flag = torch.tensor([1 if self._wish() else 0], dtype=torch.int32, device=self._device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         self._agreed = bool(flag.item())
         return self._agreed

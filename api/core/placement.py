@@ -106,7 +106,6 @@ def survey_queue(session: Session, jobs: list[QueuedJob], now: datetime) -> Queu
     due: dict[int, QueuedJob] = {}
     next_due: datetime | None = None
     for job in jobs:
-        assert job.id is not None
         if job.not_before is None or job.not_before <= now:
             due[job.id] = job
             continue
