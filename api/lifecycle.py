@@ -50,6 +50,8 @@ class PartStatus(Named):
     ``assigned -> running -> succeeded | failed``; any live state can go to
     ``stopping`` (the server asked the node to stop it), then ``cancelled``
     once the node confirms; ``lost`` when the node stops heartbeating.
+    ``running -> stopped``: asked to stop cooperatively (its attempt's
+    ``stop_reason``), its ranks stopped at a step and checkpointed.
     """
 
     ASSIGNED = "assigned"
@@ -59,6 +61,7 @@ class PartStatus(Named):
     FAILED = "failed"
     CANCELLED = "cancelled"
     LOST = "lost"
+    STOPPED = "stopped"
 
     def is_terminal(self) -> bool:
         return self in _TERMINAL_PART
@@ -66,6 +69,17 @@ class PartStatus(Named):
     def is_active(self) -> bool:
         """Processes may exist for this part: it holds a slot on its node."""
         return not self.is_terminal()
+
+
+class StopReason(Named):
+    """Why the server asked a running attempt to stop at a step and
+    checkpoint (the cooperative stop). None of them is the job's fault: the
+    job goes back to the queue at its place, and no restart is used."""
+
+    PREEMPTED = "preempted"  # a queued job of a higher priority needs its slots
+    DRAINED = "drained"  # an admin is taking one of its nodes out of service
+    RESIZED = "resized"  # an elastic job changes its number of machines
+    NODE_LEAVING = "node_leaving"  # one of its nodes' workers is shutting down
 
 
 class NodeState(Named):
@@ -76,7 +90,13 @@ class NodeState(Named):
 
 _TERMINAL_JOB = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 _TERMINAL_PART = frozenset(
-    {PartStatus.SUCCEEDED, PartStatus.FAILED, PartStatus.CANCELLED, PartStatus.LOST}
+    {
+        PartStatus.SUCCEEDED,
+        PartStatus.FAILED,
+        PartStatus.CANCELLED,
+        PartStatus.LOST,
+        PartStatus.STOPPED,
+    }
 )
 
 JOB_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
@@ -101,16 +121,30 @@ PART_TRANSITIONS: dict[PartStatus, frozenset[PartStatus]] = {
         }
     ),
     PartStatus.RUNNING: frozenset(
-        {PartStatus.SUCCEEDED, PartStatus.FAILED, PartStatus.STOPPING, PartStatus.LOST}
+        {
+            PartStatus.SUCCEEDED,
+            PartStatus.FAILED,
+            PartStatus.STOPPING,
+            PartStatus.LOST,
+            PartStatus.STOPPED,
+        }
     ),
-    # A part asked to stop may still finish on its own before the signal lands.
+    # A part asked to stop may still finish on its own before the signal lands
+    # (or stop at a step: a cooperative stop, then a cancel before it landed).
     PartStatus.STOPPING: frozenset(
-        {PartStatus.CANCELLED, PartStatus.SUCCEEDED, PartStatus.FAILED, PartStatus.LOST}
+        {
+            PartStatus.CANCELLED,
+            PartStatus.SUCCEEDED,
+            PartStatus.FAILED,
+            PartStatus.LOST,
+            PartStatus.STOPPED,
+        }
     ),
     PartStatus.SUCCEEDED: frozenset(),
     PartStatus.FAILED: frozenset(),
     PartStatus.CANCELLED: frozenset(),
     PartStatus.LOST: frozenset(),
+    PartStatus.STOPPED: frozenset(),
 }
 
 
@@ -134,17 +168,35 @@ def can_cancel(status: JobStatus) -> bool:
     return status in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING)
 
 
-def settle_job(current: JobStatus, parts: Iterable[PartStatus]) -> JobStatus:
+def settle_job(
+    current: JobStatus, parts: Iterable[PartStatus], stopping: bool = False
+) -> JobStatus:
     """What a job becomes given the statuses of its current attempt's parts.
 
     A running job fails as soon as one part fails, is lost, or was stopped
     without being asked to (the others are then stopped by the caller); it
     succeeds when every part has. A cancelling job is cancelled once no part
     can still have processes.
+
+    ``stopping``: the server asked the attempt to stop at a step (a
+    cooperative stop). Its parts end one by one, each when its ranks have
+    stopped, so nothing is decided until all have ended: then the job
+    succeeded if every part had finished before the request landed, else it
+    goes back to the queue (``queued``; the caller fails it instead when a
+    part's training code raised, which no stop causes).
     """
     statuses = list(parts)
+    if current is JobStatus.RUNNING and statuses and stopping:
+        if not all(s.is_terminal() for s in statuses):
+            return current
+        if all(s is PartStatus.SUCCEEDED for s in statuses):
+            return JobStatus.SUCCEEDED
+        return JobStatus.QUEUED
     if current is JobStatus.RUNNING and statuses:
-        if any(s in (PartStatus.FAILED, PartStatus.LOST, PartStatus.CANCELLED) for s in statuses):
+        if any(
+            s in (PartStatus.FAILED, PartStatus.LOST, PartStatus.CANCELLED, PartStatus.STOPPED)
+            for s in statuses
+        ):
             return JobStatus.FAILED
         if all(s is PartStatus.SUCCEEDED for s in statuses):
             return JobStatus.SUCCEEDED
@@ -184,3 +236,5 @@ class PendingCode(Named):
     STUDY_ORDER = "study_order"  # the study's job before it has not ended
     RETRY_BACKOFF = "retry_backoff"  # a restart waits out its backoff
     STARTING = "starting"  # it fits now: placed at the server's next turn
+    # Jobs of a lower priority are stopping (at a step, checkpointing) to make room.
+    PREEMPTING = "preempting"

@@ -53,7 +53,7 @@ from api.routes import (
 from api.routes.off_loop import BodyDecoders
 from api.settings import ServerSettings
 from db import queries
-from db.changes import Change, Wake
+from db.changes import EVERYONE, Change, Wake
 from db.engine import Database
 from db.models import ApiKey, Attempt, Node, Part, utcnow
 
@@ -237,6 +237,10 @@ def _wakes_polls(rows: Sequence[object]) -> Wake:
             nodes.add(row.node_id)
         elif isinstance(row, Node) and row.id is not None:
             nodes.add(row.id)
+        elif isinstance(row, Attempt) and row.stop_reason is not None and row.finished_at is None:
+            # Asked to stop at a step: news for its parts' nodes, which the
+            # row does not name. Rare (a preemption, a drain): wake them all.
+            return EVERYONE
     return Wake(nodes=frozenset(nodes), port_waiters=any(isinstance(row, Attempt) for row in rows))
 
 

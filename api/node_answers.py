@@ -25,8 +25,7 @@ async def answer_heartbeat(
     if quiet.still_quiet(node_id, request.active_part_ids):
         core.sightings.saw(node_id)
         return HeartbeatResponse(stop=[])
-    stop = await run_in_threadpool(nodes_core.heartbeat, core, node_id, request.active_part_ids)
-    return HeartbeatResponse(stop=stop)
+    return await run_in_threadpool(nodes_core.heartbeat, core, node_id, request.active_part_ids)
 
 
 async def answer_poll(
@@ -34,6 +33,7 @@ async def answer_poll(
 ) -> PollResponse:
     deadline = time.monotonic() + min(request.wait_s, core.settings.poll_wait_s)
     running, waiting = request.active_part_ids, request.waiting_for_port
+    asked = frozenset(request.asked_to_stop)
     while True:
         event = notifier.current(node_id, waits_for_port=bool(waiting))
         if not waiting and quiet.still_quiet(node_id, running):
@@ -42,14 +42,20 @@ async def answer_poll(
         else:
             stamp = quiet.stamp(node_id)
             response = await run_in_threadpool(
-                nodes_core.poll_node, core, node_id, running, waiting
+                nodes_core.poll_node, core, node_id, running, waiting, asked
             )
-            if not (waiting or response.start or response.stop or response.rendezvous):
+            if not (waiting or _news(response)):
                 quiet.heard_nothing(node_id, stamp, running)
         remaining = deadline - time.monotonic()
-        if response.start or response.stop or response.rendezvous or remaining <= 0:
+        if _news(response) or remaining <= 0:
             return response
         if not await notifier.wait(event, remaining):
             # Every write that changes this answer wakes the poll (api/main.py,
             # _wakes_polls): held for its whole wait unwoken, it still stands.
             return response
+
+
+def _news(response: PollResponse) -> bool:
+    return bool(
+        response.start or response.stop or response.checkpoint_and_stop or response.rendezvous
+    )

@@ -72,7 +72,7 @@ def victims_for(
         # Least valuable first: lowest priority, then the newest.
         key=lambda job: (job.priority, -job.started_at.timestamp(), -job.job_id),
     )
-    if not isinstance(place_gang(spec, _freed(nodes, candidates)), Placement):
+    if not isinstance(place_gang(spec, freed(nodes, candidates)), Placement):
         return None  # not even all of them together make room
     tries = 0
     for size in range(1, len(candidates) + 1):
@@ -82,7 +82,7 @@ def victims_for(
             tries += 1
             if tries > MAX_TRIES:
                 return _few(spec, nodes, candidates)
-            placement = place_gang(spec, _freed(nodes, chosen))
+            placement = place_gang(spec, freed(nodes, chosen))
             if isinstance(placement, Placement):
                 return Preemption(tuple(job.job_id for job in chosen), placement)
     return None  # unreachable: all of them made room
@@ -96,27 +96,30 @@ def _few(
     chosen: list[RunningJob] = []
     for job in candidates:
         chosen.append(job)
-        if isinstance(place_gang(spec, _freed(nodes, chosen)), Placement):
+        if isinstance(place_gang(spec, freed(nodes, chosen)), Placement):
             break
     for job in reversed(list(chosen)):
         without = [other for other in chosen if other is not job]
-        if isinstance(place_gang(spec, _freed(nodes, without)), Placement):
+        if isinstance(place_gang(spec, freed(nodes, without)), Placement):
             chosen = without
-    placement = place_gang(spec, _freed(nodes, chosen))
+    placement = place_gang(spec, freed(nodes, chosen))
     if not isinstance(placement, Placement):
         return None
     return Preemption(tuple(job.job_id for job in chosen), placement)
 
 
-def _freed(nodes: Sequence[NodeCapacity], victims: Sequence[RunningJob]) -> list[NodeCapacity]:
-    """The nodes as they would be once ``victims`` stopped."""
-    freed: dict[int, int] = {}
+def freed(
+    nodes: Sequence[NodeCapacity], victims: Sequence[RunningJob | tuple[int, ...]]
+) -> list[NodeCapacity]:
+    """The nodes as they would be once ``victims`` (jobs, or the nodes each
+    holds a slot on) stopped."""
+    slots: dict[int, int] = {}
     for job in victims:
-        for node_id in job.node_ids:
-            freed[node_id] = freed.get(node_id, 0) + 1
+        for node_id in job.node_ids if isinstance(job, RunningJob) else job:
+            slots[node_id] = slots.get(node_id, 0) + 1
     return [
-        replace(node, free_slots=node.free_slots + freed[node.node_id])
-        if node.node_id in freed
+        replace(node, free_slots=node.free_slots + slots[node.node_id])
+        if node.node_id in slots
         else node
         for node in nodes
     ]

@@ -9,6 +9,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from api.route_table import Role
+from api.schemas.spec import MAX_STOP_GRACE_S
 
 
 class ServerSettings(BaseSettings):
@@ -55,6 +56,25 @@ class ServerSettings(BaseSettings):
         1.0, ge=0, description="Wait before a job's first restart; doubles with each one"
     )
     retry_backoff_max_s: float = Field(60.0, ge=0, description="Longest wait between attempts")
+    preemption: bool = Field(
+        True,
+        description="A queued job that cannot start may stop running jobs of a strictly "
+        "lower priority (at a step, with a checkpoint; they requeue at their place)",
+    )
+    preemption_min_run_s: float = Field(
+        60.0,
+        ge=0,
+        description="A job's attempt is never preempted before it has run this long (against "
+        "thrashing: a job stopped as soon as it started has only paid to start)",
+    )
+    stop_grace_s: float = Field(
+        120.0,
+        ge=0,
+        le=MAX_STOP_GRACE_S,
+        description="How long a job asked to stop (preempted, drained) has to reach a step "
+        "and checkpoint before its ranks are stopped by signal; a job's spec.stop_grace_s "
+        "overrides it",
+    )
     artifacts_dir: Path = Field(Path("./artifacts"), description="Uploaded checkpoints")
     max_checkpoint_mb: int = Field(2048, ge=1, description="Largest checkpoint accepted")
     artifacts_quota_mb: int = Field(

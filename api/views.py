@@ -66,7 +66,7 @@ def job_public(
         spec=job.spec,
         world_size=job.spec.topology.world_size,
         attempt=attempt.number if attempt else 0,
-        attempts=[_attempt_public(a) for a in attempts],
+        attempts=[_attempt_public(job, a) for a in attempts],
         master_addr=attempt.master_addr if attempt else None,
         master_port=attempt.master_port if attempt else None,
         parts=[_part_public(part, node) for part, node in parts],
@@ -76,6 +76,7 @@ def job_public(
         error=job.error,
         checkpoint=public.CheckpointPublic(
             epoch=job.checkpoint_epoch,
+            step=job.checkpoint_step,
             size_bytes=job.checkpoint_bytes or 0,
             url=f"/jobs/{job.id}/model",
         )
@@ -130,14 +131,51 @@ def _timing_public(job: Job, now: datetime) -> public.TimingPublic:
     )
 
 
-def _attempt_public(attempt: Attempt) -> public.AttemptPublic:
+def _attempt_public(job: Job, attempt: Attempt) -> public.AttemptPublic:
+    machines = attempt.num_machines or job.spec.topology.num_machines
     return public.AttemptPublic(
         number=attempt.number,
         started_at=attempt.created_at,
         finished_at=attempt.finished_at,
+        world_size=machines * job.spec.topology.num_processes,
         resumed_from_epoch=attempt.resumed_from_epoch,
+        resumed_from_step=attempt.resumed_from_step,
         error=attempt.error,
+        stop=public.StopPublic(
+            reason=attempt.stop_reason,
+            detail=attempt.stop_detail,
+            requested_at=attempt.stop_requested_at,
+            deadline_at=attempt.stop_deadline_at,
+        )
+        if attempt.stop_reason is not None
+        and attempt.stop_requested_at is not None
+        and attempt.stop_deadline_at is not None
+        else None,
+        stopped_at_step=attempt.stopped_at_step,
+        ended=attempt_ending(job, attempt),
     )
+
+
+def attempt_ending(job: Job, attempt: Attempt) -> str | None:
+    """Why an attempt ended, in words (None while it runs)."""
+    if attempt.finished_at is None:
+        return None
+    if (
+        attempt.stop_reason is not None
+        and attempt.error is None
+        and (attempt.id != job.current_attempt_id or job.status is not JobStatus.SUCCEEDED)
+    ):
+        words = str(attempt.stop_reason).replace("_", " ")
+        if attempt.stop_detail:
+            words += f" {attempt.stop_detail}"
+        if attempt.stopped_at_step is not None:
+            words += f", stopped after step {attempt.stopped_at_step}"
+        return words
+    if attempt.error is not None:
+        return f"failed: {attempt.error.reason}"
+    if attempt.id == job.current_attempt_id:
+        return str(job.status)
+    return None
 
 
 def _part_public(part: Part, node: Node) -> public.PartPublic:

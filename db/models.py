@@ -11,7 +11,7 @@ from sqlalchemy import JSON, BigInteger, Column, DateTime, Integer, UniqueConstr
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
-from api.lifecycle import JobStatus, NodeState, PartStatus
+from api.lifecycle import JobStatus, NodeState, PartStatus, StopReason
 from api.schemas import JobError, JobSpec, TrainResult
 from api.schemas.people import AuditAction, Role
 from db.types import EnumText, ModelJSON
@@ -116,6 +116,12 @@ class Job(SQLModel, table=True):
     checkpoint_epoch: int | None = None
     checkpoint_file: str | None = None
     checkpoint_bytes: int | None = None
+    # The step the kept checkpoint was taken at, when it is a stop's within
+    # an epoch (checkpoint_epoch is then the last whole epoch before it).
+    checkpoint_step: int | None = None
+    # Attempts that ended because the server asked them to stop (preempted,
+    # drained, resized): they use none of max_restarts.
+    stopped_attempts: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
 class Attempt(SQLModel, table=True):
@@ -128,11 +134,27 @@ class Attempt(SQLModel, table=True):
     # Chosen by machine 0's launcher when it binds the rendezvous store (the
     # host knows which of its ports are free; the server cannot).
     master_port: int | None = None
+    # Machines it runs on (None: the spec's, as every attempt before jobs
+    # could change size).
+    num_machines: int | None = None
     resumed_from_epoch: int | None = None
+    # ... and from the step of a stop's checkpoint within the next epoch.
+    resumed_from_step: int | None = None
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     # Why it failed, kept when the job goes on to a new attempt.
     error: JobError | None = Field(default=None, sa_column=Column(ModelJSON(JobError)))
+    # The cooperative stop: why the server asked it to stop at a step (and
+    # for whom, in words: "by job 12"), and when its ranks are stopped by
+    # signal instead if they have not stopped by themselves.
+    stop_reason: StopReason | None = Field(
+        default=None, sa_column=Column(EnumText(StopReason), nullable=True)
+    )
+    stop_detail: str | None = None
+    stop_requested_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    stop_deadline_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # The step its machine 0 stopped at (when it stopped at one).
+    stopped_at_step: int | None = None
 
 
 class Part(SQLModel, table=True):

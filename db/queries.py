@@ -231,6 +231,47 @@ def get_attempts(*, session: Session, attempt_ids: Iterable[int]) -> dict[int, A
     return {a.id: a for a in rows if a.id is not None}
 
 
+@dataclass(frozen=True)
+class RunningAttempt:
+    """A running job's current attempt, and the nodes its parts hold a slot on."""
+
+    job: Job
+    attempt: Attempt
+    node_ids: tuple[int, ...]
+
+
+def running_attempts(*, session: Session) -> list[RunningAttempt]:
+    """Every running job with its current attempt (a few: one per busy slot
+    at most), for preemption to choose from."""
+    jobs = list(session.exec(select(Job).where(Job.status == JobStatus.RUNNING)).all())
+    attempts = get_attempts(
+        session=session, attempt_ids=[j.current_attempt_id for j in jobs if j.current_attempt_id]
+    )
+    held: dict[int, list[int]] = {}
+    if attempts:
+        statement = select(Part.attempt_id, Part.node_id).where(
+            col(Part.attempt_id).in_(list(attempts)),
+            col(Part.status).in_(ACTIVE_PART_STATUSES),
+        )
+        for attempt_id, node_id in session.exec(statement).all():
+            held.setdefault(attempt_id, []).append(node_id)
+    return [
+        RunningAttempt(job, attempt, tuple(sorted(held.get(attempt.id, ()))))
+        for job in jobs
+        if job.current_attempt_id is not None
+        and (attempt := attempts.get(job.current_attempt_id)) is not None
+        and attempt.id is not None
+    ]
+
+
+def attempts_past_stop_deadline(*, session: Session, before: datetime) -> list[Attempt]:
+    """Attempts asked to stop at a step that are still going at ``before``."""
+    statement = select(Attempt).where(
+        col(Attempt.stop_deadline_at) < before, col(Attempt.finished_at).is_(None)
+    )
+    return list(session.exec(statement).all())
+
+
 def insert_part(
     *, session: Session, job_id: int, attempt_id: int, machine_id: int, node_id: int
 ) -> Part:

@@ -9,6 +9,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -17,6 +18,7 @@ from api.core.context import Core
 from api.core.errors import Conflict, NotFound
 from api.settings import ServerSettings
 from db import queries
+from db.models import Job
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,37 @@ def _folder(settings: ServerSettings, job_id: int) -> Path:
     return settings.artifacts_dir / f"job-{job_id}"
 
 
-def check_upload(core: Core, part_id: int, node_id: int, epoch: int) -> None:
+@dataclass(frozen=True)
+class Position:
+    """Where a checkpoint was taken: after ``epoch``, or after ``step``
+    within ``epoch`` (a stop's)."""
+
+    epoch: int
+    step: int | None = None
+
+    @property
+    def whole_epochs(self) -> int:
+        """The epochs it holds whole: a stop's holds the ones before its own."""
+        return self.epoch if self.step is None else self.epoch - 1
+
+    def order(self) -> tuple[int, int]:
+        """Later positions sort later: a stop within epoch E comes after the
+        end of epoch E - 1 and before the end of E."""
+        return (self.whole_epochs, -1 if self.step is None else self.step)
+
+    def file_name(self) -> str:
+        return f"epoch-{self.epoch}.pt" if self.step is None else f"step-{self.step}.pt"
+
+
+def kept_position(job: Job) -> Position | None:
+    if job.checkpoint_epoch is None:
+        return None
+    if job.checkpoint_step is None:
+        return Position(job.checkpoint_epoch)
+    return Position(job.checkpoint_epoch + 1, job.checkpoint_step)
+
+
+def check_upload(core: Core, part_id: int, node_id: int, at: Position) -> None:
     """Refuse an upload before its bytes are read: wrong node, not machine 0,
     an epoch the job does not have."""
     with core.db.read() as session:
@@ -72,8 +104,8 @@ def check_upload(core: Core, part_id: int, node_id: int, epoch: int) -> None:
         spec = lookup.job(session, part.job_id).spec
         epochs = spec.epochs
         # A script counts its epochs itself (in its arguments); a trainer's are the spec's.
-        if spec.script is None and epoch > epochs:
-            raise Conflict(f"epoch: job {part.job_id} has {epochs} epoch(s), not {epoch}")
+        if spec.script is None and at.epoch > epochs:
+            raise Conflict(f"epoch: job {part.job_id} has {epochs} epoch(s), not {at.epoch}")
 
 
 def room_for_uploads(core: Core) -> Callable[[], int]:
@@ -90,7 +122,7 @@ def room_for_uploads(core: Core) -> Callable[[], int]:
 
 
 def keep_checkpoint(
-    core: Core, part_id: int, node_id: int, epoch: int, staged: Path, size: int
+    core: Core, part_id: int, node_id: int, at: Position, staged: Path, size: int
 ) -> bool:
     """Keep an uploaded checkpoint (a staged file) as the job's newest: only
     from the current attempt of a job that has not ended (a finished job's
@@ -98,23 +130,31 @@ def keep_checkpoint(
     with core.db.write() as session:
         part = lookup.owned_part(session, part_id, node_id)
         job = lookup.job(session, part.job_id, for_update=True)
+        kept = kept_position(job)
         if (
             job.current_attempt_id != part.attempt_id
             or job.status.is_terminal()
             or part.status.is_terminal()
-            or (job.checkpoint_epoch is not None and epoch < job.checkpoint_epoch)
+            or (kept is not None and at.order() < kept.order())
         ):
             staged.unlink(missing_ok=True)
             return False
         assert job.id is not None
         folder = _folder(core.settings, job.id)
         folder.mkdir(parents=True, exist_ok=True)
-        final = folder / f"epoch-{epoch}.pt"
+        final = folder / at.file_name()
         os.replace(staged, final)
         if job.checkpoint_file and job.checkpoint_file != final.name:
             (folder / job.checkpoint_file).unlink(missing_ok=True)
-        job.checkpoint_epoch, job.checkpoint_file, job.checkpoint_bytes = epoch, final.name, size
-        log.info("job %d: checkpoint of epoch %d kept (%d bytes)", job.id, epoch, size)
+        job.checkpoint_epoch, job.checkpoint_step = at.whole_epochs, at.step
+        job.checkpoint_file, job.checkpoint_bytes = final.name, size
+        log.info(
+            "job %d: checkpoint of epoch %d%s kept (%d bytes)",
+            job.id,
+            at.epoch,
+            "" if at.step is None else f" step {at.step}",
+            size,
+        )
     core.uploads.kept(size)  # once committed
     return True
 

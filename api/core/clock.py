@@ -12,6 +12,7 @@ from api.core import lookup
 from api.core.context import Core, PlanMemo
 from api.core.placement import plan_and_start, schedule
 from api.core.settlement import fail_at_deadline, lose_parts, may_explain, settle
+from api.core.stops import stop_overdue
 from api.failures import FailureReason
 from api.lifecycle import NodeState, PartStatus, move_part
 from api.schemas import JobError
@@ -38,8 +39,10 @@ def tick(core: Core, judge_nodes: bool = True) -> bool:
         for job in late:
             fail_at_deadline(session, job, now)
         unstarted = fail_parts_never_started(session, core.settings, now)
-        changed = bool(late or unstarted)
-        outcome = None if not changed and memo.still_holds(writes, now) else plan_and_start(session)
+        overdue = stop_overdue(session, now)
+        changed = bool(late or unstarted or overdue)
+        fresh = changed or not memo.still_holds(writes, now)
+        outcome = plan_and_start(session, core.settings) if fresh else None
     if outcome is not None:  # committed: the plan is in the database
         core.plan_memo = PlanMemo(writes, outcome.next_due)
     return lost or changed or (outcome is not None and outcome.placed)
@@ -128,5 +131,5 @@ def sweep_lost_nodes(core: Core) -> bool:
             now,
             core.settings,
         )
-        schedule(session)
+        schedule(session, core.settings)
         return True

@@ -65,7 +65,7 @@ def submit_job(
         )
         assert job.id is not None
         record(session, actor, AuditAction.JOB_SUBMIT, f"job {job.id}", name=spec.name)
-        schedule_submitted(session, job)
+        schedule_submitted(session, job, core.settings)
         log.info("job %d submitted: %s", job.id, spec.model_dump_json())
         return job.id, True
 
@@ -118,7 +118,7 @@ def set_priority(core: Core, job_id: int, priority: int, actor: Actor) -> None:
                 **{"from": job.priority, "to": priority},
             )
             job.priority = priority
-            schedule(session)
+            schedule(session, core.settings)
 
 
 def submit_study(core: Core, create: StudyCreate, actor: Actor) -> int:
@@ -157,7 +157,7 @@ def submit_study(core: Core, create: StudyCreate, actor: Actor) -> int:
             name=create.name,
             jobs=len(create.rows),
         )
-        schedule(session)
+        schedule(session, core.settings)
         log.info("study %d submitted with %d row(s)", study.id, len(create.rows))
         return study.id
 

@@ -8,6 +8,7 @@ import logging
 
 from sqlmodel import Session
 
+from api.core import stops
 from api.core.context import Core
 from api.core.errors import Conflict, Forbidden, NotFound, TooMany
 from api.core.people import Actor, record
@@ -16,7 +17,13 @@ from api.core.settlement import lose_parts
 from api.credentials import new_node_credential
 from api.failures import FailureReason
 from api.lifecycle import NodeState, PartStatus
-from api.schemas import Assignment, NodeRegistration, PollResponse, Rendezvous
+from api.schemas import (
+    Assignment,
+    HeartbeatResponse,
+    NodeRegistration,
+    PollResponse,
+    Rendezvous,
+)
 from api.schemas.people import AuditAction
 from db import queries
 from db.models import Attempt, Node, Part, utcnow
@@ -71,7 +78,7 @@ def register_node(
             now,
             core.settings,
         )
-        schedule(session)
+        schedule(session, core.settings)
         log.info(
             "node %d (%s) registered at %s with %d slot(s), %d GPU(s)",
             node.id,
@@ -154,7 +161,7 @@ def revoke_node(core: Core, node_id: int, actor: Actor) -> None:
                 now,
                 core.settings,
             )
-            schedule(session)
+            schedule(session, core.settings)
             log.warning("node %d (%s) revoked by %s", node_id, node.name, actor.name)
     core.credentials.revoke(node_id)
 
@@ -169,7 +176,11 @@ def node_holds_job(core: Core, node_id: int, job_id: int) -> bool:
 
 
 def poll_node(
-    core: Core, node_id: int, active_part_ids: list[int], waiting_for_port: list[int]
+    core: Core,
+    node_id: int,
+    active_part_ids: list[int],
+    waiting_for_port: list[int],
+    asked_to_stop: frozenset[int] = frozenset(),
 ) -> PollResponse:
     """Tell the node what to start, what to stop, and the rendezvous ports
     it waits for. A read: the poll's sign of life is a sighting (written
@@ -178,22 +189,26 @@ def poll_node(
     core.sightings.saw(node_id)
     with core.db.read() as session:
         if _known_node(session, node_id).state is NodeState.LIVE:
-            return _poll_answer(session, node_id, active_part_ids, waiting_for_port)
+            return _poll_answer(session, node_id, active_part_ids, waiting_for_port, asked_to_stop)
     with core.db.write() as session:
         node = _known_node(session, node_id)
         if node.state is not NodeState.LIVE:
             log.warning("node %d (%s) is back after being lost", node_id, node.name)
             node.state = NodeState.LIVE
             node.last_heartbeat_at = utcnow()
-            schedule(session)  # it has room again
+            schedule(session, core.settings)  # it has room again
         # Otherwise nothing to place: every event that can make a queued
         # job placeable (a submit, a part ending, a node registering or
         # lost, a backoff ending) schedules in its own transaction.
-        return _poll_answer(session, node_id, active_part_ids, waiting_for_port)
+        return _poll_answer(session, node_id, active_part_ids, waiting_for_port, asked_to_stop)
 
 
 def _poll_answer(
-    session: Session, node_id: int, active_part_ids: list[int], waiting_for_port: list[int]
+    session: Session,
+    node_id: int,
+    active_part_ids: list[int],
+    waiting_for_port: list[int],
+    asked_to_stop: frozenset[int],
 ) -> PollResponse:
     mine = queries.active_parts_on_nodes(session=session, node_ids=[node_id])
     reported = set(active_part_ids)
@@ -210,11 +225,20 @@ def _poll_answer(
         if p.id in waiting and (port := attempts[p.attempt_id].master_port) is not None
     ]
     return PollResponse(
-        start=start, stop=_to_stop(session, node_id, mine, reported), rendezvous=rendezvous
+        start=start,
+        stop=_to_stop(session, node_id, mine, reported),
+        # What the node knows already is no news: a poll answered with it
+        # would not wait.
+        checkpoint_and_stop=[
+            r
+            for r in stops.requests_for(session, mine, reported, utcnow())
+            if r.part_id not in asked_to_stop
+        ],
+        rendezvous=rendezvous,
     )
 
 
-def heartbeat(core: Core, node_id: int, active_part_ids: list[int]) -> list[int]:
+def heartbeat(core: Core, node_id: int, active_part_ids: list[int]) -> HeartbeatResponse:
     """The node is alive; the parts it runs that it must stop. Sent by the
     daemon's own thread whatever else it is doing (a launch, a transfer
     over a slow link), so it is light: a read, no placement, no
@@ -224,7 +248,11 @@ def heartbeat(core: Core, node_id: int, active_part_ids: list[int]) -> list[int]
     with core.db.read() as session:
         _known_node(session, node_id)
         mine = queries.active_parts_on_nodes(session=session, node_ids=[node_id])
-        return _to_stop(session, node_id, mine, set(active_part_ids))
+        reported = set(active_part_ids)
+        return HeartbeatResponse(
+            stop=_to_stop(session, node_id, mine, reported),
+            checkpoint_and_stop=stops.requests_for(session, mine, reported, utcnow()),
+        )
 
 
 def _known_node(session: Session, node_id: int) -> Node:
@@ -265,5 +293,6 @@ def _assignment(session: Session, part: Part, attempt: Attempt) -> Assignment:
         master_addr=attempt.master_addr,
         master_port=attempt.master_port,
         resume_epoch=attempt.resumed_from_epoch,
+        resume_step=attempt.resumed_from_step,
         restart_count=attempt.number - 1,
     )

@@ -10,9 +10,14 @@ from datetime import datetime, timedelta
 
 from sqlmodel import Session
 
+from api.core.people import Actor, record
 from api.core.settlement import set_job_status
-from api.lifecycle import JobStatus, PendingCode
+from api.core.stops import ask_to_stop
+from api.lifecycle import JobStatus, PendingCode, StopReason
+from api.preemption import RunningJob, freed, victims_for
 from api.scheduling import NodeCapacity, Pending, Placement, place_gang, plan
+from api.schemas.people import AuditAction
+from api.settings import ServerSettings
 from db import queries
 from db.engine import memoized
 from db.models import Job, Node, utcnow
@@ -29,15 +34,31 @@ class Outcome:
     next_due: datetime | None
 
 
-def schedule(session: Session) -> bool:
+def schedule(session: Session, settings: ServerSettings) -> bool:
     """Start every queued job that can start now, each on all its machines
     in this one transaction. True if any started."""
-    return plan_and_start(session).placed
+    return plan_and_start(session, settings).placed
 
 
-def plan_and_start(session: Session) -> Outcome:
+def plan_and_start(session: Session, settings: ServerSettings) -> Outcome:
     now = utcnow()
     survey = survey_queue(session, queries.queued_jobs(session=session), now)
+    next_due = survey.next_due
+    if settings.preemption and survey.nodes is not None:
+        head = next(
+            (
+                queued
+                for queued in survey.jobs
+                if isinstance(d := survey.decisions[queued.id], Pending)
+                and d.code is PendingCode.WAITING_FOR_SLOTS
+            ),
+            None,
+        )
+        if head is not None:
+            preempting = preempt_for(session, settings, head, survey.nodes, now)
+            if preempting.pending is not None:
+                survey.decisions[head.id] = preempting.pending
+            next_due = _earliest(next_due, preempting.next_due)
     chosen = queries.get_nodes(
         session=session,
         node_ids={
@@ -67,10 +88,113 @@ def plan_and_start(session: Session) -> Outcome:
             placed = True
         else:
             job.pending_reason = decision.reason
-    return Outcome(placed, survey.next_due)
+    return Outcome(placed, next_due)
 
 
-def schedule_submitted(session: Session, job: Job) -> None:
+def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+@dataclass(frozen=True)
+class Preempting:
+    """What preemption makes of the head of the queue: its reason while the
+    jobs it preempts stop (None: it preempts nothing, its reason stands),
+    and when a job too young to preempt now comes of age."""
+
+    pending: Pending | None
+    next_due: datetime | None
+
+
+def preempt_for(
+    session: Session,
+    settings: ServerSettings,
+    head: QueuedJob,
+    nodes: list[NodeCapacity],
+    now: datetime,
+) -> Preempting:
+    """Ask the running jobs that ``head`` (the first job waiting for slots)
+    may preempt to stop at a step, if stopping them makes room for it
+    (api/preemption.py chooses). Jobs asked to stop already are counted as
+    gone: their slots are on their way."""
+    running = queries.running_attempts(session=session)
+    stopping = [r for r in running if r.attempt.stop_reason is not None]
+    after_stops = freed(nodes, [r.node_ids for r in stopping])
+    mine = [r.job.id for r in stopping if r.attempt.stop_detail == _by(head.id)]
+    if mine and isinstance(place_gang(head.spec, after_stops), Placement):
+        return Preempting(_preempting(head, mine), None)
+    candidates = [
+        RunningJob(
+            job_id=r.job.id,
+            priority=r.job.priority,
+            started_at=r.attempt.created_at,
+            preemptible=r.job.spec.preemptible,
+            node_ids=r.node_ids,
+        )
+        for r in running
+        if r.attempt.stop_reason is None and r.job.id is not None
+    ]
+    choice = victims_for(
+        head.spec, head.priority, after_stops, candidates, now, settings.preemption_min_run_s
+    )
+    if choice is None:
+        return Preempting(None, _coming_of_age(head, candidates, settings))
+    jobs = {r.job.id: r.job for r in running}
+    for victim in choice.victims:
+        stopped = ask_to_stop(
+            session, jobs[victim], StopReason.PREEMPTED, _by(head.id), now, settings
+        )
+        if stopped:
+            record(
+                session,
+                SCHEDULER,
+                AuditAction.JOB_PREEMPT,
+                f"job {victim}",
+                by_job=head.id,
+                by_priority=head.priority,
+                priority=jobs[victim].priority,
+            )
+            log.warning(
+                "job %d (priority %d) preempts job %d (priority %d)",
+                head.id,
+                head.priority,
+                victim,
+                jobs[victim].priority,
+            )
+    return Preempting(_preempting(head, [*mine, *choice.victims]), None)
+
+
+# Who the audit log says preempted a job: the server's own scheduler.
+SCHEDULER = Actor(name="scheduler", role=None)
+
+
+def _by(job_id: int) -> str:
+    return f"by job {job_id}"
+
+
+def _preempting(head: QueuedJob, victims: list[int | None]) -> Pending:
+    named = ", ".join(str(v) for v in sorted(v for v in victims if v is not None))
+    return Pending(
+        PendingCode.PREEMPTING,
+        f"preempting job{'s' if len(victims) > 1 else ''} {named} (priority {head.priority} "
+        "before theirs): they stop at a step and checkpoint, then this job starts",
+    )
+
+
+def _coming_of_age(
+    head: QueuedJob, candidates: list[RunningJob], settings: ServerSettings
+) -> datetime | None:
+    """When the first job ``head`` could preempt but for its age is old
+    enough: a plan then may preempt it (nothing else changes to say so)."""
+    young = [
+        job.started_at + timedelta(seconds=settings.preemption_min_run_s)
+        for job in candidates
+        if job.priority < head.priority and job.preemptible
+    ]
+    later = [t for t in young if t > utcnow()]
+    return min(later) if later else None
+
+
+def schedule_submitted(session: Session, job: Job, settings: ServerSettings) -> None:
     """Placement after ``job`` joined the queue. Nothing else has changed
     since the queue was last planned (whatever frees a slot or brings a
     node plans it again), so a job that could not start even at the head of
@@ -79,10 +203,18 @@ def schedule_submitted(session: Session, job: Job) -> None:
     it or one before it starts. A submit into a busy cluster costs the same
     with a thousand jobs queued as with none."""
     decision = place_gang(job.spec, free_capacity(session))
-    if isinstance(decision, Placement):
-        schedule(session)
+    if isinstance(decision, Placement) or (
+        settings.preemption and _may_preempt(session, job.priority)
+    ):
+        schedule(session, settings)
     else:
         job.pending_reason = decision.reason
+
+
+def _may_preempt(session: Session, priority: int) -> bool:
+    """Whether any running job has a lower priority than a job just
+    submitted: then it may preempt (the whole queue is planned to see)."""
+    return any(r.job.priority < priority for r in queries.running_attempts(session=session))
 
 
 @dataclass(frozen=True)
@@ -172,6 +304,7 @@ def start(session: Session, job: Job, nodes: list[Node], now: datetime) -> None:
     # A retry continues from the last whole checkpoint (one of an earlier
     # attempt: the first has none).
     attempt.resumed_from_epoch = job.checkpoint_epoch
+    attempt.resumed_from_step = job.checkpoint_step
     if job.deadline_at is None and job.spec.max_run_seconds is not None:
         job.deadline_at = now + timedelta(seconds=job.spec.max_run_seconds)
     for machine_id, node in enumerate(nodes):

@@ -226,14 +226,18 @@ def finish_part(core: Core, part_id: int, report: PartFinished) -> bool:
         if job.current_attempt_id != part.attempt_id:
             # An older attempt's part: its slot is free now, which a
             # waiting retry may need.
-            schedule(session)
+            schedule(session, core.settings)
             return False
         if report.result is not None and job.status is JobStatus.RUNNING:
             job.result = report.result
+        if ended is PartStatus.STOPPED and part.machine_id == 0 and report.step is not None:
+            attempt = queries.get_attempt(session=session, attempt_id=part.attempt_id)
+            if attempt is not None and attempt.stop_reason is not None:
+                attempt.stopped_at_step = report.step
         if ended is PartStatus.FAILED:
             _record_failure(session, job, part, report, now)
         settle(session, job, now, core.settings)
-        schedule(session)
+        schedule(session, core.settings)
         return True
 
 

@@ -18,7 +18,7 @@ from api.lifecycle import JobStatus, PartStatus, backoff_seconds, move_job, move
 from api.schemas import JobError
 from api.settings import ServerSettings
 from db import queries
-from db.models import Job, Node, Part
+from db.models import Attempt, Job, Node, Part
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +77,23 @@ def settle(session: Session, job: Job, now: datetime, settings: ServerSettings) 
     if job.current_attempt_id is None:
         return
     parts = queries.parts_of_attempt(session=session, attempt_id=job.current_attempt_id)
-    new = settle_job(job.status, (p.status for p in parts))
+    attempt = queries.get_attempt(session=session, attempt_id=job.current_attempt_id)
+    stopping = attempt is not None and attempt.stop_reason is not None
+    if stopping and any(p.status in (PartStatus.FAILED, PartStatus.LOST) for p in parts):
+        # A part went down while stopping: the rest cannot reach a step
+        # together any more (their next collective waits for it).
+        stop_active_parts(session, job)
+    new = settle_job(job.status, (p.status for p in parts), stopping=stopping)
     if new is job.status:
         return
+    if new is JobStatus.QUEUED:
+        assert attempt is not None
+        if job.error is not None and not job.error.reason.is_retryable(job.error.exit_code):
+            # The training code raised while stopping: no stop does that.
+            new = JobStatus.FAILED
+        else:
+            requeue_stopped(session, job, attempt, now)
+            return
     if new is JobStatus.FAILED:
         if job.error is None:
             job.error = JobError(
@@ -98,7 +112,7 @@ def restarts_left(job: Job, now: datetime) -> bool:
     return (
         error is not None
         and error.reason.is_retryable(error.exit_code)
-        and job.attempt_count - 1 < job.spec.max_restarts
+        and restarts_done(job) < job.spec.max_restarts
         and (job.deadline_at is None or job.deadline_at > now)
     )
 
@@ -110,22 +124,48 @@ def requeue(session: Session, job: Job, now: datetime, settings: ServerSettings)
     beside a stale one."""
     assert job.error is not None
     reason = job.error.reason.value
-    restarts_done = job.attempt_count - 1
-    wait = backoff_seconds(restarts_done, settings.retry_backoff_s, settings.retry_backoff_max_s)
+    done = restarts_done(job)
+    wait = backoff_seconds(done, settings.retry_backoff_s, settings.retry_backoff_max_s)
     set_job_status(session, job, JobStatus.QUEUED, now)  # keeps the error on the attempt
     job.not_before = now + timedelta(seconds=wait)
     job.pending_reason = (
-        f"restart {restarts_done + 1} of {job.spec.max_restarts} after {reason}"
-        + (
-            f", from the checkpoint of epoch {job.checkpoint_epoch}"
-            if job.checkpoint_epoch is not None
-            else ", from the start (no checkpoint yet)"
-        )
+        f"restart {done + 1} of {job.spec.max_restarts} after {reason}" + f", {resumes_from(job)}"
     )
     job.error = None
     log.warning(
         "job %d attempt %d failed (%s): %s", job.id, job.attempt_count, reason, job.pending_reason
     )
+
+
+def restarts_done(job: Job) -> int:
+    """Restarts used: attempts after the first, but for those the server
+    asked to stop (preempted, drained, resized), which use none."""
+    return max(0, job.attempt_count - 1 - job.stopped_attempts)
+
+
+def resumes_from(job: Job) -> str:
+    """Where the job's next attempt starts, in words."""
+    if job.checkpoint_step is not None:
+        return f"from the checkpoint of step {job.checkpoint_step}"
+    if job.checkpoint_epoch is not None:
+        return f"from the checkpoint of epoch {job.checkpoint_epoch}"
+    return "from the start (no checkpoint yet)"
+
+
+def requeue_stopped(session: Session, job: Job, attempt: Attempt, now: datetime) -> None:
+    """The attempt stopped because the server asked: back to the queue at
+    the job's own place (its priority and submit time are unchanged), with
+    no backoff and no restart used."""
+    job.stopped_attempts += 1
+    job.error = None
+    set_job_status(session, job, JobStatus.QUEUED, now)
+    job.not_before = None
+    why = str(attempt.stop_reason).replace("_", " ")
+    job.pending_reason = (
+        f"{why}{f' {attempt.stop_detail}' if attempt.stop_detail else ''}; "
+        f"resumes {resumes_from(job)}"
+    )
+    log.info("job %d attempt %d stopped on request: %s", job.id, attempt.number, job.pending_reason)
 
 
 def explain_given_up_attempt(

@@ -100,18 +100,28 @@ async def upload_checkpoint(
     caller_node: CallerNodeDep,
     node_id: Annotated[int, Query(ge=1, le=DB_INT_MAX)],
     epoch: Annotated[int, Query(ge=1, le=DB_INT_MAX)],
+    step: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            le=DB_INT_MAX,
+            description="A stop's checkpoint: taken after this step, within ``epoch``",
+        ),
+    ] = None,
 ) -> Ack:
-    """Rank 0's checkpoint after ``epoch``, as the raw bytes torch.save wrote.
-    The newest one is served at ``GET /jobs/{id}/model``."""
+    """Rank 0's checkpoint after ``epoch`` (or, with ``step``, within it),
+    as the raw bytes torch.save wrote. The newest one is served at
+    ``GET /jobs/{id}/model``."""
     acting_for(caller_node, node_id)
-    await run_in_threadpool(artifacts.check_upload, core, part_id, node_id, epoch)
+    at = artifacts.Position(epoch, step)
+    await run_in_threadpool(artifacts.check_upload, core, part_id, node_id, at)
     if not core.uploads.begin(part_id):
         raise HTTPException(409, f"part {part_id} is uploading a checkpoint already")
     staged = artifacts.staging_path(settings)
     try:
         size = await _receive(request, core, part_id, node_id, staged)
         accepted = await run_in_threadpool(
-            artifacts.keep_checkpoint, core, part_id, node_id, epoch, staged, size
+            artifacts.keep_checkpoint, core, part_id, node_id, at, staged, size
         )
     finally:
         core.uploads.end(part_id)

@@ -25,6 +25,7 @@ from api.schemas.protocol import (
     ProgressReport,
     Rendezvous,
     RendezvousBound,
+    StopRequest,
 )
 from api.schemas.public import (
     AttemptPublic,
@@ -110,6 +111,7 @@ __all__ = [
     "Rendezvous",
     "RendezvousBound",
     "ScriptRef",
+    "StopRequest",
     "StudiesPublic",
     "StudyCreate",
     "StudyPublic",

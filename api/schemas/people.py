@@ -74,6 +74,7 @@ class AuditAction(str, enum.Enum):
     JOB_SUBMIT = "job.submit"
     JOB_CANCEL = "job.cancel"
     JOB_PRIORITY = "job.priority"
+    JOB_PREEMPT = "job.preempt"  # by the scheduler, for a job of a higher priority
     STUDY_SUBMIT = "study.submit"
     STUDY_CANCEL = "study.cancel"
     NODE_REVOKE = "node.revoke"

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Discriminator, Field, Tag, ValidationInfo, field
 from pydantic import Strict as PydanticStrict
 
 from api.failures import FailureReason
+from api.lifecycle import StopReason
 from api.schemas import params_schema
 from api.schemas.spec import SCRIPT_PATH_PATTERN, SHA256_PATTERN, JobSpec, TrainResult
 from api.schemas.strict import (
@@ -148,6 +149,11 @@ class PollRequest(Strict):
         max_length=1024,
         description="Parts (machine > 0) whose rendezvous port this node still lacks",
     )
+    asked_to_stop: list[Id] = Field(
+        default_factory=list,
+        max_length=1024,
+        description="Parts this node knows are asked to stop at a step (not news again)",
+    )
     wait_s: float = Field(0, ge=0, le=30, description="Long-poll: wait this long for news")
 
 
@@ -157,10 +163,24 @@ class HeartbeatRequest(Strict):
     )
 
 
+class StopRequest(BaseModel):
+    """The cooperative stop: the part's ranks should stop at their next
+    agreed step, checkpoint there and end (reported ``stopped``); if they
+    have not within ``grace_s`` seconds, the node stops them by signal."""
+
+    part_id: int
+    reason: StopReason
+    detail: str | None = Field(None, description='For whom, in words: "by job 12"')
+    grace_s: float = Field(description="Seconds left, from when this answer was made")
+
+
 class HeartbeatResponse(BaseModel):
     stop: list[int] = Field(
         description="Part ids in active_part_ids whose processes must be stopped (the "
         "server settled them, or gave them to another node while this one was silent)"
+    )
+    checkpoint_and_stop: list[StopRequest] = Field(
+        default_factory=list, description="Parts asked to stop at a step (cooperatively)"
     )
 
 
@@ -183,6 +203,11 @@ class Assignment(BaseModel):
         description="A retry: continue after this epoch, from the checkpoint at "
         "GET /jobs/{job_id}/model",
     )
+    resume_step: int | None = Field(
+        None,
+        description="... from that checkpoint's step, within the next epoch (the job was "
+        "stopped there on request)",
+    )
     restart_count: int = Field(0, description="Attempts before this one (torchrun's restarts)")
 
     @property
@@ -202,6 +227,9 @@ class Rendezvous(BaseModel):
 class PollResponse(BaseModel):
     start: list[Assignment]
     stop: list[int] = Field(description="Part ids whose processes must be stopped")
+    checkpoint_and_stop: list[StopRequest] = Field(
+        default_factory=list, description="Parts asked to stop at a step (cooperatively)"
+    )
     rendezvous: list[Rendezvous] = Field(
         default_factory=list, description="Ports now known for parts in `waiting_for_port`"
     )
@@ -248,7 +276,10 @@ class LogBatch(Strict):
 
 class PartFinished(Strict):
     node_id: Id
-    status: Literal["succeeded", "failed", "cancelled"]
+    status: Literal["succeeded", "failed", "cancelled", "stopped"] = Field(
+        description="stopped: asked to stop at a step, its ranks did and checkpointed"
+    )
+    step: Count | None = Field(None, description="stopped: the step its ranks stopped after")
     exit_code: ExitCode | None = None
     failing_rank: int | None = Field(None, ge=0, le=MAX_WORLD_SIZE)
     reason: FailureReason | None = None

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from api.lifecycle import JobStatus, NodeState, PartStatus, PendingCode
+from api.lifecycle import JobStatus, NodeState, PartStatus, PendingCode, StopReason
 from api.schemas.spec import JobError, JobSpec, TrainResult
 
 
@@ -57,17 +57,42 @@ class TimingPublic(BaseModel):
 
 
 class CheckpointPublic(BaseModel):
-    epoch: int
+    epoch: int = Field(description="The epochs it holds whole")
+    step: int | None = Field(
+        None, description="A stop's checkpoint: the step it was taken after, in the next epoch"
+    )
     size_bytes: int
     url: str = Field(description="GET it: a torch.save'd dict; its 'model' is the state_dict")
+
+
+class StopPublic(BaseModel):
+    """The server asked the attempt to stop at a step and checkpoint."""
+
+    reason: StopReason
+    detail: str | None = Field(None, description='For whom, in words: "by job 12"')
+    requested_at: datetime
+    deadline_at: datetime = Field(
+        description="Ranks not stopped by then are stopped by signal (SIGTERM, then SIGKILL)"
+    )
 
 
 class AttemptPublic(BaseModel):
     number: int
     started_at: datetime
     finished_at: datetime | None = None
+    world_size: int = Field(description="Ranks in this attempt")
     resumed_from_epoch: int | None = Field(None, description="The checkpoint it started from")
+    resumed_from_step: int | None = Field(
+        None, description="... a stop's, within the next epoch: the step it resumed after"
+    )
     error: JobError | None = Field(None, description="Why it ended, if it failed")
+    stop: StopPublic | None = Field(None, description="Asked to stop at a step, why and by when")
+    stopped_at_step: int | None = Field(None, description="The step its ranks stopped after")
+    ended: str | None = Field(
+        None,
+        description='Why it ended, in words: "succeeded", "preempted by job 12, stopped '
+        'after step 340", "failed: node_lost"; none while it runs',
+    )
 
 
 class PendingPublic(BaseModel):

@@ -128,6 +128,8 @@ class ScriptRef(Strict):
 
 # Priorities run from -PRIORITY_LIMIT to PRIORITY_LIMIT (0 unless said).
 PRIORITY_LIMIT = 1000
+# The longest a job may ask to be given to stop (Determined's default was an hour).
+MAX_STOP_GRACE_S = 3600.0
 
 
 class JobUpdate(Strict):
@@ -199,6 +201,21 @@ class JobSpec(Strict):
         le=PRIORITY_LIMIT,
         description="Queued jobs of a higher priority are tried first; first in, first out "
         "within a priority. Changeable while queued (PATCH /jobs/{id})",
+    )
+    preemptible: bool = Field(
+        True,
+        description="A queued job of a higher priority may stop it (at a step, with a "
+        "checkpoint: it goes back to the queue at its place and resumes from that step, "
+        "no restart used); false: it runs to its end once started",
+    )
+    stop_grace_s: float | None = Field(
+        None,
+        ge=0,
+        le=MAX_STOP_GRACE_S,
+        allow_inf_nan=False,
+        description="When asked to stop (preempted, drained), how long its ranks have to "
+        "reach a step and checkpoint before SIGTERM (then SIGKILL after the worker's grace); "
+        "none: the server's DDPO_STOP_GRACE_S",
     )
     max_run_seconds: float | None = Field(
         None,

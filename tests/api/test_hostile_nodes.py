@@ -229,7 +229,7 @@ def test_a_poll_nested_a_thousand_deep_is_a_400_not_a_500(client: httpx.Client) 
     )
     assert answer.status_code == 400, answer.text
     # The node is still served.
-    assert node.poll() == {"start": [], "stop": [], "rendezvous": []}
+    assert node.poll() == {"start": [], "stop": [], "checkpoint_and_stop": [], "rendezvous": []}
 
 
 def test_only_machine_0_reports_the_jobs_progress_and_result(client: httpx.Client) -> None:

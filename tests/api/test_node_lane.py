@@ -59,12 +59,12 @@ def test_well_formed_polls_and_heartbeats_skip_routing_and_are_answered_as_route
 ) -> None:
     _, client = served
     node = ProtocolNode(client, "lane-node", JOIN)
-    assert node.poll() == {"start": [], "stop": [], "rendezvous": []}
+    assert node.poll() == {"start": [], "stop": [], "checkpoint_and_stop": [], "rendezvous": []}
     beat = client.post(
         f"/nodes/{node.node_id}/heartbeat", json={"active_part_ids": [7]}, headers=node.headers
     )
     # Part 7 is not this node's: it must stop it.
-    assert beat.status_code == 200 and beat.json() == {"stop": [7]}
+    assert beat.status_code == 200 and beat.json() == {"stop": [7], "checkpoint_and_stop": []}
     job = client.post("/jobs", json={"epochs": 1}, headers=bearer(USER)).json()
     answer = node.poll(wait_s=0.5)
     assert [a["job_id"] for a in answer["start"]] == [job["id"]]

@@ -499,7 +499,12 @@ def test_a_quiet_nodes_remembered_answer_gives_way_to_news(client: httpx.Client)
     runner = a if given["a"] else b
     assert [s["job_id"] for s in given[runner.name]] == [job_id]
     part_id = given[runner.name][0]["part_id"]
-    assert runner.poll([part_id]) == {"start": [], "stop": [], "rendezvous": []}
+    assert runner.poll([part_id]) == {
+        "start": [],
+        "stop": [],
+        "checkpoint_and_stop": [],
+        "rendezvous": [],
+    }
     assert beat(runner, [part_id]) == []  # quiet, running its part
     client.post(f"/jobs/{job_id}/cancel").raise_for_status()
     assert beat(runner, [part_id]) == [part_id]

@@ -163,7 +163,7 @@ def test_cancelling_stops_every_part_and_ends_once_the_nodes_confirm(core: Core)
     (part,) = started(core, node_id)
     jobs.cancel_job(core, job_id, NOBODY)
     assert status(core, job_id) is JobStatus.CANCELLING
-    assert nodes.heartbeat(core, node_id, [part.part_id]) == [part.part_id]
+    assert nodes.heartbeat(core, node_id, [part.part_id]).stop == [part.part_id]
     assert read_job(db=core.db, job_id=job_id).parts[0].status is PartStatus.STOPPING
     finish(core, node_id, part.part_id, status="cancelled", exit_code=-15)
     assert status(core, job_id) is JobStatus.CANCELLED

@@ -51,6 +51,8 @@ ALLOWED_PART_MOVES = {
     (P.RUNNING, P.FAILED),
     (P.RUNNING, P.STOPPING),
     (P.RUNNING, P.LOST),
+    (P.RUNNING, P.STOPPED),  # stopped at a step, as asked (the cooperative stop)
+    (P.STOPPING, P.STOPPED),  # ... then cancelled before the stop landed
     (P.STOPPING, P.CANCELLED),
     (P.STOPPING, P.SUCCEEDED),
     (P.STOPPING, P.FAILED),
@@ -92,10 +94,32 @@ def test_cancel_is_possible_until_the_job_ends() -> None:
         ([P.SUCCEEDED, P.LOST], J.FAILED),
         ([P.ASSIGNED, P.LOST], J.FAILED),
         ([P.CANCELLED, P.RUNNING], J.FAILED),  # stopped without being asked to
+        ([P.STOPPED, P.RUNNING], J.FAILED),  # ... at a step, but nobody asked
     ],
 )
 def test_settling_a_running_job(parts: list[PartStatus], expected: JobStatus) -> None:
     assert settle_job(J.RUNNING, parts) is expected
+
+
+@pytest.mark.parametrize(
+    "parts,expected",
+    [
+        # Nothing is decided while a part may still be stopping at its step.
+        ([P.STOPPED, P.RUNNING], J.RUNNING),
+        ([P.FAILED, P.STOPPING], J.RUNNING),
+        ([P.STOPPED, P.STOPPED], J.QUEUED),
+        # Stopped by signal past the deadline: back to the queue all the same.
+        ([P.STOPPED, P.CANCELLED], J.QUEUED),
+        ([P.LOST, P.STOPPED], J.QUEUED),
+        # Every part finished before the request landed.
+        ([P.SUCCEEDED, P.SUCCEEDED], J.SUCCEEDED),
+        ([P.SUCCEEDED, P.STOPPED], J.QUEUED),
+    ],
+)
+def test_settling_a_job_asked_to_stop_at_a_step(
+    parts: list[PartStatus], expected: JobStatus
+) -> None:
+    assert settle_job(J.RUNNING, parts, stopping=True) is expected
 
 
 def test_a_cancelling_job_waits_for_every_part_to_stop() -> None:

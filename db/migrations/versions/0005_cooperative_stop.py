@@ -1,0 +1,50 @@
+"""The cooperative stop (issue 28): an attempt the server asked to stop at
+a step says why, for whom and by when, and the step it stopped at; a job
+keeps the step of its stop checkpoint and how many attempts ended on
+request (they use no restart). Nullable columns and one with a default
+only: every row of before is kept as it was.
+
+Revision ID: 0005
+Revises: 0004
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+# 64 bits, as in 0001.
+INTEGER = sa.Integer().with_variant(sa.BigInteger(), "postgresql")
+
+revision = "0005"
+down_revision = "0004"
+branch_labels = None
+depends_on = None
+
+ATTEMPT_COLUMNS = (
+    ("num_machines", INTEGER),
+    ("resumed_from_step", INTEGER),
+    ("stop_reason", sa.String()),
+    ("stop_detail", sa.String()),
+    ("stop_requested_at", sa.DateTime()),
+    ("stop_deadline_at", sa.DateTime()),
+    ("stopped_at_step", INTEGER),
+)
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("attempt") as batch:
+        for name, type_ in ATTEMPT_COLUMNS:
+            batch.add_column(sa.Column(name, type_, nullable=True))
+    with op.batch_alter_table("job") as batch:
+        batch.add_column(sa.Column("checkpoint_step", INTEGER, nullable=True))
+        batch.add_column(sa.Column("stopped_attempts", INTEGER, nullable=False, server_default="0"))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("job") as batch:
+        batch.drop_column("stopped_attempts")
+        batch.drop_column("checkpoint_step")
+    with op.batch_alter_table("attempt") as batch:
+        for name, _ in reversed(ATTEMPT_COLUMNS):
+            batch.drop_column(name)
