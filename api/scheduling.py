@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypedDict
 
 from api.lifecycle import PendingCode
 from api.schemas import JobSpec
@@ -47,6 +48,8 @@ class Pending:
     nodes_free: int = 0
     nodes_live: int = 0
     behind_job: int | None = None
+    # The running jobs it is stopping to make room (preempting).
+    preempting: tuple[int, ...] = ()
 
     @property
     def waiting_for_slots(self) -> bool:
@@ -98,12 +101,19 @@ def _suitable_and_free(
     return suitable, [n for n in suitable if n.free_slots > 0]
 
 
+class Counts(TypedDict):
+    nodes_needed: int
+    nodes_suitable: int
+    nodes_free: int
+    nodes_live: int
+
+
 def _counts(
     spec: JobSpec,
     nodes: Sequence[NodeCapacity],
     suitable: Sequence[NodeCapacity],
     free: Sequence[NodeCapacity],
-) -> dict[str, int]:
+) -> Counts:
     """Pending's numbers: what the job needs against what there is now."""
     return {
         "nodes_needed": spec.topology.num_machines,

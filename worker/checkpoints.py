@@ -7,8 +7,8 @@ A job asked to stop (issue 28's cooperative stop) saves one in the middle
 of an epoch: the same dict with ``batches_done``, the batches of ``epoch``
 already trained, and ``epoch_loss``, their summed loss, so that a run
 resumed from it trains the rest of that epoch and ends with the model a run
-never stopped ends with, tensor for tensor. Its file is named by the step
-(runfiles.stop_checkpoint_path)."""
+never stopped ends with, tensor for tensor. Its file is named by its
+epoch and step (runfiles.stop_checkpoint_path)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def save(
     if batches_done is not None:
         state["batches_done"] = batches_done
         state["epoch_loss"] = epoch_loss
-        path = runfiles.stop_checkpoint_path(run_dir, step)
+        path = runfiles.stop_checkpoint_path(run_dir, epoch, step)
     else:
         path = runfiles.checkpoint_path(run_dir, epoch)
     tmp = path.with_name(f".{path.name}.tmp")

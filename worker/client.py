@@ -131,9 +131,13 @@ class ServerClient:
         active_part_ids: list[int],
         waiting_for_port: list[int],
         wait_s: float,
+        asked_to_stop: list[int] | None = None,
     ) -> protocol.PollResponse:
         request = protocol.PollRequest(
-            active_part_ids=active_part_ids, waiting_for_port=waiting_for_port, wait_s=wait_s
+            active_part_ids=active_part_ids,
+            waiting_for_port=waiting_for_port,
+            asked_to_stop=asked_to_stop or [],
+            wait_s=wait_s,
         )
         try:
             data = self._post(f"/nodes/{node_id}/poll", request, extra_wait_s=wait_s)
@@ -143,13 +147,14 @@ class ServerClient:
             raise
         return protocol.PollResponse.model_validate(data)
 
-    def heartbeat(self, node_id: int, active_part_ids: list[int]) -> list[int]:
-        """The node is alive; the parts among ``active_part_ids`` to stop."""
+    def heartbeat(self, node_id: int, active_part_ids: list[int]) -> protocol.HeartbeatResponse:
+        """The node is alive; the parts among ``active_part_ids`` to stop
+        (now, or at a step)."""
         data = self._post(
             f"/nodes/{node_id}/heartbeat",
             protocol.HeartbeatRequest(active_part_ids=active_part_ids),
         )
-        return protocol.HeartbeatResponse.model_validate(data).stop
+        return protocol.HeartbeatResponse.model_validate(data)
 
     def started(self, part_id: int, node_id: int) -> bool:
         ack = protocol.Ack.model_validate(
@@ -163,12 +168,17 @@ class ServerClient:
             self._post(f"/parts/{part_id}/rendezvous", body)
         ).accepted
 
-    def upload_checkpoint(self, part_id: int, node_id: int, epoch: int, path: Path) -> bool:
+    def upload_checkpoint(
+        self, part_id: int, node_id: int, epoch: int, path: Path, step: int | None = None
+    ) -> bool:
+        params = {"node_id": node_id, "epoch": epoch}
+        if step is not None:
+            params["step"] = step
         try:
             with open(path, "rb") as body:
                 response = self._http.put(
                     f"{self.url}/parts/{part_id}/checkpoint",
-                    params={"node_id": node_id, "epoch": epoch},
+                    params=params,
                     content=body,
                     headers={"content-type": "application/octet-stream", **self._auth()},
                     timeout=self._timeout(self._timeout_s * 10),

@@ -17,7 +17,13 @@ from collections.abc import Callable
 from types import FrameType
 
 from api.failures import FailureReason
-from api.schemas import Assignment, NodeRegistered, NodeRegistration, PartFinished
+from api.schemas import (
+    Assignment,
+    NodeRegistered,
+    NodeRegistration,
+    PartFinished,
+    StopRequest,
+)
 from api.schemas.protocol import TrainerOffer
 from worker import cores, network, scripts, trainers
 from worker.client import CredentialRefused, NodeUnknown, Refused, ServerClient, ServerUnavailable
@@ -167,6 +173,7 @@ class Worker:
             interval_s=registered.heartbeat_interval_s,
             active_part_ids=lambda: sorted(self.parts),
             stop_parts=self._stop_given_away,
+            ask_parts=self._ask_to_stop,
             polled_at=self._polled_at,
         ).start()
 
@@ -188,6 +195,13 @@ class Worker:
                     part.assignment.job_id,
                 )
                 part.request_stop()
+
+    def _ask_to_stop(self, requests: list[StopRequest]) -> None:
+        """The server asks these parts to stop at a step and checkpoint."""
+        for request in requests:
+            part = self.parts.get(request.part_id)
+            if part is not None:
+                part.ask_to_stop(str(request.reason), request.detail, request.grace_s)
 
     def _trainer_offers(self) -> list[TrainerOffer]:
         """What this node's trainers are: the fork server loaded them already;
@@ -267,7 +281,13 @@ class Worker:
         )
         self._poll_sent_at = time.monotonic()
         try:
-            response = self.client.poll(self.node_id, sorted(self.parts), waiting_for_port, wait)
+            response = self.client.poll(
+                self.node_id,
+                sorted(self.parts),
+                waiting_for_port,
+                wait,
+                asked_to_stop=sorted(i for i, p in self.parts.items() if p.asked_to_stop),
+            )
         except NodeUnknown:
             log.warning("server no longer knows node %d; registering again", self.node_id)
             self.node_id = None
@@ -289,6 +309,7 @@ class Worker:
             self._start(assignment)
         for part_id in response.stop:
             self._stop(part_id)
+        self._ask_to_stop(response.checkpoint_and_stop)
         for rendezvous in response.rendezvous:
             part = self.parts.get(rendezvous.part_id)
             if part is not None:

@@ -7,7 +7,8 @@ server would take a working node for a lost one. This thread beats every
 ``interval_s`` on a connection of its own, whatever the loop is doing, and
 stops the parts the server says are no longer this node's: after a
 partition heals, that is within one beat, even if the loop is still stuck
-in a request that was cut off.
+in a request that was cut off. A cooperative stop (checkpoint at a step,
+then end) reaches the parts this way too, when the loop is busy.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from api.schemas import StopRequest
 from worker.client import Refused, ServerClient, ServerUnavailable
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,7 @@ class Heartbeat:
         interval_s: float,
         active_part_ids: Callable[[], list[int]],
         stop_parts: Callable[[list[int]], None],
+        ask_parts: Callable[[list[StopRequest]], None] = lambda _: None,
         polled_at: Callable[[], float] = lambda: float("-inf"),
     ) -> None:
         """``polled_at``: when (monotonic) the server last had a poll from the
@@ -48,6 +51,7 @@ class Heartbeat:
         self._interval_s = interval_s
         self._active_part_ids = active_part_ids
         self._stop_parts = stop_parts
+        self._ask_parts = ask_parts
         self._polled_at = polled_at
         self._closed = threading.Event()
         self._failing = False
@@ -69,7 +73,7 @@ class Heartbeat:
 
     def beat(self) -> None:
         try:
-            stop = self._client.heartbeat(self._node_id, self._active_part_ids())
+            answer = self._client.heartbeat(self._node_id, self._active_part_ids())
         except (ServerUnavailable, Refused) as exc:
             # The loop sees the same trouble on its own requests and acts on
             # it (registers again, exits if revoked); a line here is enough.
@@ -80,5 +84,7 @@ class Heartbeat:
         if self._failing:
             log.info("heartbeat taken again")
         self._failing = False
-        if stop:
-            self._stop_parts(stop)
+        if answer.stop:
+            self._stop_parts(answer.stop)
+        if answer.checkpoint_and_stop:
+            self._ask_parts(answer.checkpoint_and_stop)

@@ -214,6 +214,8 @@ def _run_ranks(config: runfiles.LaunchConfig, local_group: LocalGroup | None) ->
             exit_code=exc.exit_code,
         )
     del store
+    if runfiles.stopped(config.run_dir):
+        return runfiles.Outcome(status="stopped", exit_code=0)
     return runfiles.Outcome(status="succeeded", exit_code=0)
 
 
@@ -251,7 +253,7 @@ def run(run_dir: Path, parent_pid: int | None = None) -> int:
     runfiles.write_outcome(config.run_dir, outcome)
     if outcome.status == "failed":
         print(outcome.message, file=sys.stderr, flush=True)
-    return 0 if outcome.status == "succeeded" else 1
+    return 1 if outcome.status == "failed" else 0
 
 
 def preload(data_dir: Path, extra_trainers: dict[str, str]) -> list[TrainerOffer]:

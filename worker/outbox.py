@@ -31,7 +31,8 @@ class Outbox:
         self.unsent_logs: list[LogLine] = []
         self.unsent_progress: list[ProgressReport] = []
         self.last_progress: ProgressReport | None = None
-        self.uploaded_epoch = 0
+        # Where the newest checkpoint the server has was taken (Saved.order).
+        self.uploaded: tuple[int, int] | None = None
 
     @property
     def training_done(self) -> bool:
@@ -95,28 +96,31 @@ class Outbox:
         return True
 
     def _upload_checkpoint(self, courier: Courier, node_id: int) -> bool:
-        """Send rank 0's newest checkpoint if the server lacks it. False: try later."""
-        latest = runfiles.latest_checkpoint(self.run_dir)
-        if latest is None or latest[1] <= self.uploaded_epoch:
+        """Send rank 0's newest checkpoint (an epoch's or a stop's) if the
+        server lacks it. False: try later."""
+        newest = runfiles.newest_saved(self.run_dir)
+        if newest is None or (self.uploaded is not None and newest.order() <= self.uploaded):
             return True
-        path, epoch = latest
         part_id = self.assignment.part_id
         began = time.monotonic()
         try:
-            size = path.stat().st_size
+            size = newest.path.stat().st_size
             if not courier.deliver(
                 f"checkpoint of part {part_id}",
-                lambda: courier.client.upload_checkpoint(part_id, node_id, epoch, path),
+                lambda: courier.client.upload_checkpoint(
+                    part_id, node_id, newest.epoch, newest.path, newest.step
+                ),
             ):
                 return False
         except FileNotFoundError:
             return False  # replaced by a newer epoch's meanwhile: take that one next turn
         log.info(
-            "part %d: checkpoint of epoch %d uploaded (%d bytes) in %.1f s",
+            "part %d: checkpoint of epoch %d%s uploaded (%d bytes) in %.1f s",
             part_id,
-            epoch,
+            newest.epoch,
+            "" if newest.step is None else f" step {newest.step}",
             size,
             time.monotonic() - began,
         )
-        self.uploaded_epoch = epoch
+        self.uploaded = newest.order()
         return True

@@ -121,6 +121,10 @@ class PartProcess:
     outbox: Outbox
     state: PartState = PartState.LAUNCHED
     stop_requested_at: float | None = None
+    # The cooperative stop: the server asked the ranks to stop at a step
+    # and checkpoint (a file in the run directory they look for); past this
+    # moment (monotonic) they are stopped by signal instead.
+    stop_deadline: float | None = None
 
     @classmethod
     def launch(
@@ -206,6 +210,26 @@ class PartProcess:
     def stop_requested(self) -> bool:
         return self.stop_requested_at is not None
 
+    @property
+    def asked_to_stop(self) -> bool:
+        return self.stop_deadline is not None
+
+    def ask_to_stop(self, reason: str, detail: str | None, grace_s: float) -> None:
+        """Ask the ranks to stop at their next agreed step and checkpoint
+        there; signal them if they have not within ``grace_s``."""
+        if self.asked_to_stop or self.state not in (PartState.LAUNCHED, PartState.RUNNING):
+            return
+        runfiles.request_stop(self.run_dir, reason, detail)
+        self.stop_deadline = time.monotonic() + grace_s
+        log.info(
+            "part %d (job %d): asked to stop at a step (%s%s), %.0f s to do it",
+            self.assignment.part_id,
+            self.assignment.job_id,
+            reason,
+            f" {detail}" if detail else "",
+            grace_s,
+        )
+
     def request_stop(self) -> None:
         if self.state in (PartState.LAUNCHED, PartState.RUNNING):
             self.stop_requested_at = time.monotonic()
@@ -213,7 +237,20 @@ class PartProcess:
             self.group.signal(signal.SIGTERM)
 
     def enforce_stop(self, grace_s: float) -> None:
-        """SIGKILL what is left once the grace period after SIGTERM is over."""
+        """SIGTERM ranks asked to stop at a step that have not by their
+        deadline; SIGKILL what is left once the grace period after SIGTERM
+        is over."""
+        if (
+            self.stop_deadline is not None
+            and not self.stop_requested
+            and time.monotonic() >= self.stop_deadline
+            and self.group.exit_code() is None
+        ):
+            log.warning(
+                "part %d: ranks did not stop at a step by the deadline; stopping them",
+                self.assignment.part_id,
+            )
+            self.request_stop()
         if (
             self.state is PartState.STOPPING
             and self.stop_requested_at is not None
@@ -249,6 +286,14 @@ class PartProcess:
             return PartFinished(node_id=node_id, status="cancelled", exit_code=exit_code)
         if outcome is not None and outcome.status == "succeeded" and exit_code == 0:
             return PartFinished(node_id=node_id, status="succeeded", exit_code=0, result=result)
+        if outcome is not None and outcome.status == "stopped" and exit_code == 0:
+            saved = runfiles.newest_saved(self.run_dir)
+            return PartFinished(
+                node_id=node_id,
+                status="stopped",
+                exit_code=0,
+                step=saved.step if saved is not None else None,
+            )
         if outcome is None:
             how = (
                 f"was killed by {signal.Signals(-exit_code).name}"

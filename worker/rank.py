@@ -16,6 +16,7 @@ import torch.distributed as dist
 from worker import checkpoints, local_allreduce, network, runfiles, trainers
 from worker._process import die_with_parent
 from worker.context import TrainContext
+from worker.stopping import StopAgreement
 
 
 def threads_for(config: runfiles.LaunchConfig) -> int:
@@ -44,12 +45,18 @@ def run_rank(
     runfiles.capture_output(config.run_dir, rank)
     device = join_group(config, local_rank)
     report = runfiles.ProgressWriter(config.run_dir) if rank == 0 else None
+    agreement = StopAgreement(lambda: runfiles.stop_requested(config.run_dir), device)
     try:
         trainer = trainers.resolve(spec.trainer, config.trainers)
         context = train_context(config, local_rank, device, started_at, report, local_group)
-        context = dataclasses.replace(context, params=trainer.params_of(spec))
+        context = dataclasses.replace(
+            context, params=trainer.params_of(spec), should_stop=agreement.should_stop
+        )
         result = trainer.train(context)
-        if rank == 0 and result is not None:
+        if agreement.agreed and local_rank == 0:
+            # Every rank stopped at the agreed step: the part stopped as asked.
+            runfiles.write_stopped(config.run_dir)
+        elif rank == 0 and result is not None:
             runfiles.write_result(config.run_dir, result)
     except BaseException:
         # The launcher relays this too; printing it here puts it in the

@@ -20,6 +20,7 @@ import os
 import re
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
@@ -36,6 +37,11 @@ RESULT = "result.json"
 OUTCOME = "outcome.json"
 OUTPUT = "output.log"
 RENDEZVOUS = "rendezvous.json"
+# Written by the daemon when the server asks the part to stop at a step;
+# the ranks look for it when they agree (worker/stopping.py).
+STOP_REQUEST = "stop-request.json"
+# ... and by the ranks (local rank 0) once they all stopped at a step.
+STOPPED = "stopped"
 # A script's checkpoint directory (DDPO_CHECKPOINT_DIR), per machine.
 CHECKPOINT_DIR = "checkpoint"
 RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
@@ -90,7 +96,7 @@ class LaunchConfig(BaseModel):
 
 
 class Outcome(BaseModel):
-    status: Literal["succeeded", "failed"]
+    status: Literal["succeeded", "failed", "stopped"]
     reason: FailureReason | None = None
     message: str | None = None
     failing_rank: int | None = None
@@ -174,14 +180,17 @@ def checkpoint_path(run_dir: Path, epoch: int) -> Path:
     return run_dir / f"checkpoint-epoch-{epoch}.pt"
 
 
-def stop_checkpoint_path(run_dir: Path, step: int) -> Path:
-    """A checkpoint taken where a job was asked to stop, within an epoch:
-    named by its step (the batches every rank has trained)."""
-    return run_dir / f"checkpoint-step-{step}.pt"
+STOP_CHECKPOINT = re.compile(r"^checkpoint-epoch-(\d+)-step-(\d+)\.pt$")
+
+
+def stop_checkpoint_path(run_dir: Path, epoch: int, step: int) -> Path:
+    """A checkpoint taken where a job was asked to stop, within ``epoch``:
+    named by it and by its step (the batches every rank has trained)."""
+    return run_dir / f"checkpoint-epoch-{epoch}-step-{step}.pt"
 
 
 def checkpoints(run_dir: Path) -> list[tuple[Path, int]]:
-    """The complete checkpoints in the run directory, oldest first."""
+    """The complete checkpoints of whole epochs in the run directory, oldest first."""
     found = []
     for entry in run_dir.iterdir() if run_dir.exists() else []:
         match = CHECKPOINT.match(entry.name)
@@ -193,6 +202,48 @@ def checkpoints(run_dir: Path) -> list[tuple[Path, int]]:
 def latest_checkpoint(run_dir: Path) -> tuple[Path, int] | None:
     found = checkpoints(run_dir)
     return found[-1] if found else None
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A checkpoint file: after ``epoch``, or (a stop's) after ``step`` within it."""
+
+    path: Path
+    epoch: int
+    step: int | None = None
+
+    def order(self) -> tuple[int, int]:
+        """Later positions sort later (as the server orders them)."""
+        if self.step is None:
+            return (self.epoch, -1)
+        return (self.epoch - 1, self.step)
+
+
+def newest_saved(run_dir: Path) -> Saved | None:
+    """The newest checkpoint in the run directory, of an epoch or a stop's."""
+    found = [Saved(path, epoch) for path, epoch in checkpoints(run_dir)]
+    for entry in run_dir.iterdir() if run_dir.exists() else []:
+        match = STOP_CHECKPOINT.match(entry.name)
+        if match:
+            found.append(Saved(entry, int(match.group(1)), int(match.group(2))))
+    return max(found, key=Saved.order, default=None)
+
+
+def request_stop(run_dir: Path, reason: str, detail: str | None) -> None:
+    """The daemon's word to the ranks: stop at the next agreed step."""
+    write_atomically(run_dir / STOP_REQUEST, json.dumps({"reason": reason, "detail": detail}))
+
+
+def stop_requested(run_dir: Path) -> bool:
+    return (run_dir / STOP_REQUEST).exists()
+
+
+def write_stopped(run_dir: Path) -> None:
+    write_atomically(run_dir / STOPPED, "")
+
+
+def stopped(run_dir: Path) -> bool:
+    return (run_dir / STOPPED).exists()
 
 
 class ProgressWriter:

@@ -40,6 +40,11 @@ class StopAgreement:
         self._calls = 0
         self._agreed = False
 
+    @property
+    def agreed(self) -> bool:
+        """Whether the ranks agreed to stop (so the trainer returned early)."""
+        return self._agreed
+
     def should_stop(self) -> bool:
         if self._agreed:
             return True

@@ -5,6 +5,7 @@ pure)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -21,7 +22,7 @@ from api.settings import ServerSettings
 from db import queries
 from db.engine import memoized
 from db.models import Job, Node, utcnow
-from db.queries import QueuedJob
+from db.queries import QueuedJob, RunningAttempt
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +45,12 @@ def plan_and_start(session: Session, settings: ServerSettings) -> Outcome:
     now = utcnow()
     survey = survey_queue(session, queries.queued_jobs(session=session), now)
     next_due = survey.next_due
-    if settings.preemption and survey.nodes is not None:
-        head = next(
-            (
-                queued
-                for queued in survey.jobs
-                if isinstance(d := survey.decisions[queued.id], Pending)
-                and d.code is PendingCode.WAITING_FOR_SLOTS
-            ),
-            None,
-        )
-        if head is not None:
-            preempting = preempt_for(session, settings, head, survey.nodes, now)
+    head = survey.head
+    if settings.preemption and head is not None and survey.running is not None:
+        decision = survey.decisions[head.id]
+        if isinstance(decision, Pending) and decision.code is PendingCode.WAITING_FOR_SLOTS:
+            assert survey.nodes is not None
+            preempting = preempt_for(session, settings, head, survey.nodes, survey.running, now)
             if preempting.pending is not None:
                 survey.decisions[head.id] = preempting.pending
             next_due = _earliest(next_due, preempting.next_due)
@@ -110,18 +105,14 @@ def preempt_for(
     settings: ServerSettings,
     head: QueuedJob,
     nodes: list[NodeCapacity],
+    running: list[RunningAttempt],
     now: datetime,
 ) -> Preempting:
     """Ask the running jobs that ``head`` (the first job waiting for slots)
     may preempt to stop at a step, if stopping them makes room for it
     (api/preemption.py chooses). Jobs asked to stop already are counted as
     gone: their slots are on their way."""
-    running = queries.running_attempts(session=session)
-    stopping = [r for r in running if r.attempt.stop_reason is not None]
-    after_stops = freed(nodes, [r.node_ids for r in stopping])
-    mine = [r.job.id for r in stopping if r.attempt.stop_detail == _by(head.id)]
-    if mine and isinstance(place_gang(head.spec, after_stops), Placement):
-        return Preempting(_preempting(head, mine), None)
+    after_stops = freed(nodes, [r.node_ids for r in running if r.attempt.stop_reason is not None])
     candidates = [
         RunningJob(
             job_id=r.job.id,
@@ -137,13 +128,10 @@ def preempt_for(
         head.spec, head.priority, after_stops, candidates, now, settings.preemption_min_run_s
     )
     if choice is None:
-        return Preempting(None, _coming_of_age(head, candidates, settings))
+        return Preempting(None, _coming_of_age(head, candidates, settings, now))
     jobs = {r.job.id: r.job for r in running}
     for victim in choice.victims:
-        stopped = ask_to_stop(
-            session, jobs[victim], StopReason.PREEMPTED, _by(head.id), now, settings
-        )
-        if stopped:
+        if ask_to_stop(session, jobs[victim], StopReason.PREEMPTED, _by(head.id), now, settings):
             record(
                 session,
                 SCHEDULER,
@@ -160,7 +148,8 @@ def preempt_for(
                 victim,
                 jobs[victim].priority,
             )
-    return Preempting(_preempting(head, [*mine, *choice.victims]), None)
+    stopping = [r.job.id for r in running if r.attempt.stop_detail == _by(head.id)]
+    return Preempting(_preempting(head, [*stopping, *choice.victims]), None)
 
 
 # Who the audit log says preempted a job: the server's own scheduler.
@@ -171,17 +160,34 @@ def _by(job_id: int) -> str:
     return f"by job {job_id}"
 
 
-def _preempting(head: QueuedJob, victims: list[int | None]) -> Pending:
-    named = ", ".join(str(v) for v in sorted(v for v in victims if v is not None))
+def _preempting(head: QueuedJob, victims: Iterable[int | None]) -> Pending:
+    named = sorted({v for v in victims if v is not None})
     return Pending(
         PendingCode.PREEMPTING,
-        f"preempting job{'s' if len(victims) > 1 else ''} {named} (priority {head.priority} "
-        "before theirs): they stop at a step and checkpoint, then this job starts",
+        f"preempting job{'s' if len(named) > 1 else ''} {', '.join(map(str, named))} "
+        f"(priority {head.priority} goes first): they stop at a step and checkpoint, "
+        "then this job starts",
+        nodes_needed=head.spec.topology.num_machines,
+        preempting=tuple(named),
     )
 
 
+def _being_preempted(
+    head: QueuedJob, nodes: list[NodeCapacity], running: list[RunningAttempt]
+) -> Pending | None:
+    """``head``'s reason while the jobs it preempted stop: once they have,
+    it fits (else it is still waiting for slots, and may preempt more)."""
+    mine = [r.job.id for r in running if r.attempt.stop_detail == _by(head.id)]
+    if not mine:
+        return None
+    stopping = [r.node_ids for r in running if r.attempt.stop_reason is not None]
+    if not isinstance(place_gang(head.spec, freed(nodes, stopping)), Placement):
+        return None
+    return _preempting(head, mine)
+
+
 def _coming_of_age(
-    head: QueuedJob, candidates: list[RunningJob], settings: ServerSettings
+    head: QueuedJob, candidates: list[RunningJob], settings: ServerSettings, now: datetime
 ) -> datetime | None:
     """When the first job ``head`` could preempt but for its age is old
     enough: a plan then may preempt it (nothing else changes to say so)."""
@@ -190,7 +196,7 @@ def _coming_of_age(
         for job in candidates
         if job.priority < head.priority and job.preemptible
     ]
-    later = [t for t in young if t > utcnow()]
+    later = [t for t in young if t > now]
     return min(later) if later else None
 
 
@@ -228,6 +234,10 @@ class QueueSurvey:
     # The live nodes with their free slots now; None when no job was due
     # (nothing to place: the nodes were not read).
     nodes: list[NodeCapacity] | None
+    # The first job waiting for slots (it may preempt), and the running
+    # jobs then (read only when there is such a job).
+    head: QueuedJob | None = None
+    running: list[RunningAttempt] | None = None
 
 
 def survey_queue(session: Session, jobs: list[QueuedJob], now: datetime) -> QueueSurvey:
@@ -261,7 +271,21 @@ def survey_queue(session: Session, jobs: list[QueuedJob], now: datetime) -> Queu
                 behind_job=before.id,
             )
     decisions.update(plan([(job_id, j.spec) for job_id, j in due.items()], nodes))
-    return QueueSurvey(jobs, decisions, next_due, nodes)
+    head = next(
+        (
+            job
+            for job in jobs
+            if isinstance(d := decisions[job.id], Pending)
+            and d.code is PendingCode.WAITING_FOR_SLOTS
+        ),
+        None,
+    )
+    if head is None:
+        return QueueSurvey(jobs, decisions, next_due, nodes)
+    running = queries.running_attempts(session=session)
+    if (pending := _being_preempted(head, nodes, running)) is not None:
+        decisions[head.id] = pending
+    return QueueSurvey(jobs, decisions, next_due, nodes, head, running)
 
 
 def free_capacity(session: Session) -> list[NodeCapacity]:

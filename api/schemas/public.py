@@ -110,6 +110,11 @@ class PendingPublic(BaseModel):
     behind_job: int | None = Field(
         None, description="The job it waits for (queued_behind, study_order)"
     )
+    preempting: list[int] = Field(
+        default_factory=list,
+        description="The running jobs of a lower priority it is stopping to make room "
+        "(preempting): they stop at a step, checkpoint and requeue",
+    )
 
 
 class NeedsPublic(BaseModel):

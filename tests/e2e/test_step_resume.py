@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from api.schemas import JobSpec
+from tests.tensors import assert_same_tensors
 from worker import checkpoints, mnist, runfiles
 from worker.context import TrainContext
 from worker.stopping import StopAgreement
@@ -104,22 +105,6 @@ def final_state(run_dir: Path) -> dict[str, Any]:
     return state
 
 
-def assert_same_tensors(left: Any, right: Any, where: str = "") -> int:
-    """Every tensor in two nested states equal, bit for bit; how many."""
-    if isinstance(left, torch.Tensor):
-        assert isinstance(right, torch.Tensor) and torch.equal(left, right), where
-        return 1
-    if isinstance(left, dict):
-        assert left.keys() == right.keys(), where
-        return sum(assert_same_tensors(left[k], right[k], f"{where}.{k}") for k in left)
-    if isinstance(left, (list, tuple)):
-        assert len(left) == len(right), where
-        pairs = enumerate(zip(left, right, strict=True))
-        return sum(assert_same_tensors(a, b, f"{where}[{i}]") for i, (a, b) in pairs)
-    assert left == right, where
-    return 0
-
-
 @pytest.mark.parametrize(
     "wish_from,stopped_at",
     # The ranks agree at every third check, one check a step but the last
@@ -137,7 +122,7 @@ def test_a_run_stopped_at_a_step_and_resumed_ends_as_one_never_stopped(
     assert stopped["result"] is None  # stopped: no result yet
     epoch, batches = stopped_at
     step = (epoch - 1) * SPEC.max_steps_per_epoch + batches  # type: ignore[operator]
-    at_stop = runfiles.stop_checkpoint_path(tmp_path / "stopped", step)
+    at_stop = runfiles.stop_checkpoint_path(tmp_path / "stopped", epoch, step)
     assert at_stop.exists(), sorted(p.name for p in (tmp_path / "stopped").iterdir())
     saved = torch.load(at_stop, weights_only=True)
     assert (saved["epoch"], saved["batches_done"], saved["step"]) == (epoch, batches, step)

@@ -15,6 +15,7 @@ from typing import Any, cast
 import pytest
 
 from api.failures import FailureReason
+from api.lifecycle import StopReason
 from api.schemas import (
     Assignment,
     JobSpec,
@@ -25,6 +26,7 @@ from api.schemas import (
     PollResponse,
     ProgressReport,
     Rendezvous,
+    StopRequest,
     Topology,
 )
 from worker import runfiles
@@ -93,9 +95,15 @@ class FakeServer:
         )
 
     def poll(
-        self, node_id: int, active: list[int], waiting_for_port: list[int], wait_s: float
+        self,
+        node_id: int,
+        active: list[int],
+        waiting_for_port: list[int],
+        wait_s: float,
+        asked_to_stop: list[int] | None = None,
     ) -> PollResponse:
         self._call("poll", (active, waiting_for_port))
+        self.asked_to_stop = asked_to_stop or []
         return self.responses.pop(0) if self.responses else PollResponse(start=[], stop=[])
 
     def started(self, part_id: int, node_id: int) -> bool:
@@ -114,8 +122,10 @@ class FakeServer:
         self._call("logs", [line.text for line in lines])
         return True
 
-    def upload_checkpoint(self, part_id: int, node_id: int, epoch: int, path: Path) -> bool:
-        self._call("checkpoint", epoch)
+    def upload_checkpoint(
+        self, part_id: int, node_id: int, epoch: int, path: Path, step: int | None = None
+    ) -> bool:
+        self._call("checkpoint", epoch if step is None else (epoch, step))
         return True
 
     def download_checkpoint(self, job_id: int, destination: Path) -> None:
@@ -293,6 +303,52 @@ def test_a_stopped_part_gets_sigterm_then_sigkill_then_is_reported_cancelled(
     assert finish.status == "cancelled" and finish.exit_code == -int(signal.SIGKILL)
 
 
+def ask(part_id: int, grace_s: float) -> StopRequest:
+    return StopRequest(
+        part_id=part_id, reason=StopReason.PREEMPTED, detail="by job 9", grace_s=grace_s
+    )
+
+
+def test_a_part_asked_to_stop_at_a_step_is_told_through_its_run_dir_and_reports_stopped(
+    worker: Worker, server: FakeServer, launcher: Launcher
+) -> None:
+    server.responses += [
+        PollResponse(start=[assignment()], stop=[]),
+        PollResponse(start=[], stop=[], checkpoint_and_stop=[ask(1, 600)]),
+    ]
+    worker.step()
+    folder = run_dir(launcher, 1, 0)
+    assert not runfiles.stop_requested(folder)
+    worker.step()
+    assert runfiles.stop_requested(folder)  # the ranks look for it when they agree
+    worker.step()
+    assert server.asked_to_stop == [1]  # the next poll says it knows: no news again
+    assert launcher.groups[1].signals == []  # nothing is signalled within the grace
+    # The ranks stopped at step 7 of epoch 2 and rank 0 checkpointed there.
+    (folder / "checkpoint-epoch-2-step-7.pt").write_bytes(b"state")
+    runfiles.write_outcome(folder, runfiles.Outcome(status="stopped", exit_code=0))
+    launcher.groups[1].exit(0)
+    until(lambda: not worker.parts, worker)
+    assert ("checkpoint", (2, 7)) in server.calls  # before the finish
+    finish = finished(server)
+    assert (finish.status, finish.step, finish.exit_code) == ("stopped", 7, 0)
+
+
+def test_ranks_that_do_not_stop_at_a_step_by_the_deadline_are_signalled(
+    worker: Worker, server: FakeServer, launcher: Launcher
+) -> None:
+    launcher.groups[1] = FakeGroup(survives_sigterm=True)
+    server.responses += [
+        PollResponse(start=[assignment()], stop=[]),
+        PollResponse(start=[], stop=[], checkpoint_and_stop=[ask(1, 0)]),
+    ]
+    worker.step()
+    worker.step()  # asked, with no time left: SIGTERM, then SIGKILL after the grace
+    until(lambda: not worker.parts, worker)
+    assert launcher.groups[1].signals == [signal.SIGTERM, signal.SIGKILL]
+    assert finished(server).status == "cancelled"
+
+
 def test_a_stop_for_a_part_this_node_never_ran_is_confirmed(
     worker: Worker, server: FakeServer
 ) -> None:
@@ -343,9 +399,9 @@ def test_a_poll_the_server_holds_counts_as_contact_and_a_failed_one_does_not(
     seen_while_held: list[float] = []
     answer = server.poll
 
-    def held_poll(*args: Any) -> PollResponse:
+    def held_poll(*args: Any, **kwargs: Any) -> PollResponse:
         seen_while_held.append(worker._polled_at())
-        return answer(*args)
+        return answer(*args, **kwargs)
 
     before = time.monotonic()
     monkeypatch.setattr(server, "poll", held_poll)

@@ -1,0 +1,125 @@
+"""Preemption end to end (issue 28): real server, two real worker daemons,
+real gloo process groups on the real MNIST files. A priority-0 2 x 1 job
+runs; a priority-10 2 x 1 job arrives and needs both nodes. The first stops
+at a step every rank agrees on, checkpoints there, and goes back to the
+queue; the second runs; the first resumes from that step and ends with the
+model a run never stopped ends with, every tensor equal."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from cli.cluster import LocalCluster
+from tests.e2e.conftest import Jobs, record
+from tests.tensors import assert_same_tensors
+
+# Long enough that the preemptor arrives mid-epoch, with room to spare.
+VICTIM = {"epochs": 2, "batch_size": 64, "max_steps_per_epoch": 150, "seed": 5}
+PREEMPTOR = {"epochs": 1, "batch_size": 64, "max_steps_per_epoch": 10, "priority": 10}
+
+
+@pytest.fixture(scope="module")
+def cluster(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Two single-slot nodes; a job may be preempted as soon as it runs."""
+    with LocalCluster(
+        state_dir=tmp_path_factory.mktemp("preemption"),
+        data_dir=mnist_dir,
+        workers=2,
+        server_env={"DDPO_PREEMPTION_MIN_RUN_S": "0"},
+    ) as running:
+        yield running
+
+
+@pytest.fixture
+def jobs(cluster: LocalCluster) -> Iterator[Jobs]:
+    with cluster.client("admin") as client:
+        yield Jobs(client)
+
+
+def model_of(jobs: Jobs, job_id: int) -> dict[str, Any]:
+    response = jobs.client.get(f"/jobs/{job_id}/model")
+    response.raise_for_status()
+    state: dict[str, Any] = torch.load(io.BytesIO(response.content), weights_only=True)
+    return state
+
+
+def at(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
+@pytest.mark.timeout(420)
+def test_a_higher_priority_job_preempts_and_the_victim_resumes_at_its_step_exactly(
+    jobs: Jobs,
+) -> None:
+    victim = jobs.submit(machines=2, **VICTIM)
+    jobs.wait(
+        victim,
+        lambda j: j["status"] == "running" and (j["progress"] or {}).get("batch", 0) >= 20,
+        120,
+        "the victim to train 20 steps",
+    )
+    submitted = time.monotonic()
+    preemptor = jobs.submit(machines=2, **PREEMPTOR)
+    waiting = jobs.get(preemptor)
+    if waiting["status"] == "queued":
+        assert waiting["pending"]["code"] == "preempting", waiting["pending"]
+        assert waiting["pending"]["preempting"] == [victim]
+        assert f"preempting job {victim} " in waiting["pending_reason"]
+
+    started = jobs.wait(preemptor, lambda j: j["status"] != "queued", 120, "the preemptor to start")
+    start_s = time.monotonic() - submitted
+    assert started["status"] in ("running", "succeeded"), started
+    stopped = jobs.get(victim)
+    assert stopped["status"] == "queued", stopped
+    first = stopped["attempts"][0]
+    assert first["stop"]["reason"] == "preempted"
+    assert first["stop"]["detail"] == f"by job {preemptor}"
+    # It stopped at a step within the grace period, with a checkpoint there.
+    assert at(first["finished_at"]) <= at(first["stop"]["deadline_at"])
+    step = first["stopped_at_step"]
+    assert step is not None and 20 <= step < VICTIM["max_steps_per_epoch"], first
+    assert first["ended"] == f"preempted by job {preemptor}, stopped after step {step}"
+    assert stopped["checkpoint"]["step"] == step and stopped["checkpoint"]["epoch"] == 0
+
+    assert jobs.wait_done(preemptor, 120)["status"] == "succeeded"
+    done = jobs.wait_done(victim, 240)
+    assert done["status"] == "succeeded", done
+    second = done["attempts"][1]
+    assert second["resumed_from_step"] == step
+    # The work lost: steps trained by the stopped attempt that its
+    # checkpoint does not hold.
+    lost = first["stopped_at_step"] - second["resumed_from_step"]
+    assert 0 <= lost <= 1
+    # max_restarts is 0: the stop used no restart.
+    assert done["spec"]["max_restarts"] == 0 and len(done["attempts"]) == 2
+
+    audit = jobs.client.get("/audit", params={"action": "job.preempt"}).json()["data"]
+    assert any(
+        e["target"] == f"job {victim}" and e["detail"]["by_job"] == preemptor for e in audit
+    ), audit
+
+    # The same job, never stopped, on the same topology.
+    whole = jobs.wait_done(jobs.submit(machines=2, **VICTIM), 240)
+    assert whole["status"] == "succeeded", whole
+    compared = assert_same_tensors(model_of(jobs, whole["id"]), model_of(jobs, victim))
+    assert compared >= 8  # every weight and bias, and the optimizer's state
+    assert done["result"]["test_loss"] == whole["result"]["test_loss"]
+    assert done["result"]["train_loss"] == whole["result"]["train_loss"]
+    record(
+        "preemption",
+        submit_to_start_s=round(start_s, 2),
+        stop_s=round(
+            (at(first["finished_at"]) - at(first["stop"]["requested_at"])).total_seconds(), 2
+        ),
+        stopped_at_step=step,
+        steps_lost=lost,
+        tensors_equal=compared,
+    )
