@@ -120,10 +120,14 @@ def _start(
         ddpo.CHECKPOINT_DIR_ENV: str(checkpoint),
         "PYTHONUNBUFFERED": "1",
     }
-    if assignment.resume_epoch is not None:
-        env[ddpo.RESUME_EPOCH_ENV] = str(assignment.resume_epoch)
-    else:
-        env.pop(ddpo.RESUME_EPOCH_ENV, None)
+    for name, value in (
+        (ddpo.RESUME_EPOCH_ENV, assignment.resume_epoch),
+        (ddpo.RESUME_STEP_ENV, assignment.resume_step),
+    ):
+        if value is not None:
+            env[name] = str(value)
+        else:
+            env.pop(name, None)
     log_path = runfiles.rank_log(config.run_dir, assignment.rank_of(local_rank))
     with open(log_path, "ab") as output:
         # In the launcher's process group: the daemon's one signal reaches it.
@@ -161,7 +165,9 @@ def _supervise(
             if not still_running or time.monotonic() - symptom_at >= CAUSE_GRACE_S:
                 return outcomes[0]
         elif all(code == 0 for code in codes):
-            return runfiles.Outcome(status="succeeded", exit_code=0)
+            # Every rank agreed to stop (ddpo.should_stop) and exited.
+            stopped = runfiles.stopped(config.run_dir)
+            return runfiles.Outcome(status="stopped" if stopped else "succeeded", exit_code=0)
         time.sleep(POLL_S)
 
 

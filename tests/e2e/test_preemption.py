@@ -27,12 +27,16 @@ PREEMPTOR = {"epochs": 1, "batch_size": 64, "max_steps_per_epoch": 10, "priority
 
 
 @pytest.fixture(scope="module")
-def cluster(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """Two single-slot nodes; a job may be preempted as soon as it runs."""
+def cluster(
+    mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory, script_dir: Path
+) -> Iterator[LocalCluster]:
+    """Two single-slot nodes with the tests' scripts; a job may be
+    preempted as soon as it runs."""
     with LocalCluster(
         state_dir=tmp_path_factory.mktemp("preemption"),
         data_dir=mnist_dir,
         workers=2,
+        worker_args=["--script-dir", str(script_dir)],
         server_env={"DDPO_PREEMPTION_MIN_RUN_S": "0"},
     ) as running:
         yield running
@@ -123,3 +127,58 @@ def test_a_higher_priority_job_preempts_and_the_victim_resumes_at_its_step_exact
         steps_lost=lost,
         tensors_equal=compared,
     )
+
+
+def preempt(jobs: Jobs, victim: int, step: int) -> int:
+    """Once the victim has reported ``step``, a priority-10 job that needs
+    both nodes; the preemptor's id, once it has run to its end."""
+    jobs.wait(
+        victim,
+        lambda j: j["status"] == "running" and ((j["progress"] or {}).get("step") or 0) >= step,
+        120,
+        f"the victim's step {step}",
+    )
+    preemptor = jobs.submit(machines=2, **PREEMPTOR)
+    assert jobs.wait_done(preemptor, 180)["status"] == "succeeded"
+    return preemptor
+
+
+def counted(steps: int, *args: str) -> dict[str, Any]:
+    return {"script": {"path": "tests/counts.py", "args": ["--steps", str(steps), *args]}}
+
+
+@pytest.mark.timeout(300)
+def test_a_script_that_asks_stops_at_its_step_and_resumes_from_it(jobs: Jobs) -> None:
+    victim = jobs.submit(**counted(200, "--asks"))
+    preemptor = preempt(jobs, victim, 10)
+    done = jobs.wait_done(victim, 120)
+    assert done["status"] == "succeeded", done
+    first, second = done["attempts"]
+    step = first["stopped_at_step"]
+    assert step is not None and step >= 10, first
+    assert first["ended"] == f"preempted by job {preemptor}, stopped after step {step}"
+    assert second["resumed_from_step"] == step
+    # No step was done twice or skipped.
+    assert done["progress"]["metrics"]["total"] == 200 * 201 / 2
+    lines = jobs.client.get(f"/jobs/{victim}/logs").json()["lines"]
+    said = [line["text"] for line in lines]
+    assert any(f"stopped after step {step}" in text for text in said), said
+    assert any(f"resumed at step {step}" in text for text in said), said
+
+
+@pytest.mark.timeout(300)
+def test_a_script_that_never_asks_is_stopped_after_its_grace_and_resumes_from_its_checkpoint(
+    jobs: Jobs,
+) -> None:
+    victim = jobs.submit(**counted(200, "--steps-per-epoch", "20"), stop_grace_s=1)
+    preempt(jobs, victim, 30)
+    done = jobs.wait_done(victim, 120)
+    assert done["status"] == "succeeded", done
+    first, second = done["attempts"]
+    assert first["stopped_at_step"] is None
+    # Stopped by signal once its grace was over, and none of max_restarts used.
+    assert at(first["finished_at"]) > at(first["stop"]["deadline_at"])
+    assert done["spec"]["max_restarts"] == 0
+    assert second["resumed_from_epoch"] is not None and second["resumed_from_epoch"] >= 1
+    assert second["resumed_from_step"] is None
+    assert done["progress"]["metrics"]["total"] == 200 * 201 / 2
