@@ -82,6 +82,14 @@ class StopReason(Named):
     NODE_LEAVING = "node_leaving"  # one of its nodes' workers is shutting down
 
 
+def describe_stop(reason: StopReason, detail: str | None) -> str:
+    """A stop request in words: "preempted by job 12", "drained (node n2)"."""
+    words = str(reason).replace("_", " ")
+    if not detail:
+        return words
+    return f"{words} {detail}" if reason is StopReason.PREEMPTED else f"{words} ({detail})"
+
+
 class NodeState(Named):
     LIVE = "live"
     LOST = "lost"

@@ -73,6 +73,10 @@ LIST_TRAINERS = Route("GET", "/trainers", READ)
 # A new node joins; a known one registers again with its own credential.
 REGISTER_NODE = Route("POST", "/nodes/register", NODE | {Role.JOIN}, large_body=True)
 REVOKE_NODE = Route("POST", "/nodes/{node_id}/revoke", ADMIN)
+DRAIN_NODE = Route("POST", "/nodes/{node_id}/drain", ADMIN)
+UNDRAIN_NODE = Route("POST", "/nodes/{node_id}/undrain", ADMIN)
+# A node's worker shutting down (SIGTERM) hands its parts back at a step.
+LEAVE = Route("POST", "/nodes/{node_id}/leave", NODE)
 POLL = Route("POST", "/nodes/{node_id}/poll", NODE)
 HEARTBEAT = Route("POST", "/nodes/{node_id}/heartbeat", NODE)
 

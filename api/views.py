@@ -10,7 +10,7 @@ from sqlmodel import Session
 
 from api.core.errors import NotFound
 from api.core.placement import free_capacity, survey_queue
-from api.lifecycle import JobStatus, NodeState, PendingCode, study_status
+from api.lifecycle import JobStatus, NodeState, PendingCode, describe_stop, study_status
 from api.scheduling import Pending, Placement
 from api.schemas import JobSpec, people, public
 from db import queries
@@ -165,9 +165,7 @@ def attempt_ending(job: Job, attempt: Attempt) -> str | None:
         and attempt.error is None
         and (attempt.id != job.current_attempt_id or job.status is not JobStatus.SUCCEEDED)
     ):
-        words = str(attempt.stop_reason).replace("_", " ")
-        if attempt.stop_detail:
-            words += f" {attempt.stop_detail}"
+        words = describe_stop(attempt.stop_reason, attempt.stop_detail)
         if attempt.stopped_at_step is not None:
             words += f", stopped after step {attempt.stopped_at_step}"
         return words
@@ -429,6 +427,15 @@ def _public_nodes(session: Session, nodes: list[Node]) -> list[public.NodePublic
             registered_at=n.registered_at,
             last_heartbeat_at=n.last_heartbeat_at,
             parts=by_node.get(n.id or 0, []),
+            drain=public.DrainPublic(
+                reason=n.drain_reason,
+                requested_at=n.drain_requested_at,
+                deadline_at=n.drain_deadline_at,
+            )
+            if n.drain_reason is not None
+            and n.drain_requested_at is not None
+            and n.drain_deadline_at is not None
+            else None,
         )
         for n in nodes
     ]

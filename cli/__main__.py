@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         commands.add_priority,
         commands.add_queue,
         commands.add_nodes,
+        commands.add_drain,
+        commands.add_undrain,
         commands.add_trainers,
         commands.add_dashboard,
         people.add_keys,

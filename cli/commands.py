@@ -12,7 +12,14 @@ from typing import Any
 from urllib.parse import quote
 
 from api.lifecycle import JobStatus, NodeState
-from api.schemas import JobPublic, JobsPublic, LogLinePublic, LogsPublic, NodesPublic
+from api.schemas import (
+    JobPublic,
+    JobsPublic,
+    LogLinePublic,
+    LogsPublic,
+    NodePublic,
+    NodesPublic,
+)
 from api.schemas.public import QueuePublic, TrainersPublic
 from cli import render
 from cli.api import DEFAULT_SERVER, Api, CliError, riding_out_restarts, server_url, token_for
@@ -308,6 +315,69 @@ def run_nodes(args: argparse.Namespace) -> int:
         _print_json(data)
     else:
         print(render.nodes_table(NodesPublic.model_validate(data)))
+    return 0
+
+
+def add_drain(commands: Any) -> None:
+    parser = commands.add_parser(
+        "drain",
+        help="take a node out of service: no new part; its jobs stop at a step and move",
+        description="The node takes no new part. Its parts run until the deadline, then "
+        "their jobs stop at a step, checkpoint, and start again on other nodes from that "
+        "step, using none of their restarts. Admins only.",
+    )
+    add_connection_arguments(parser)
+    parser.add_argument("node", help="the node's id or name")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="let its parts run this long first (default 0: stop them at once)",
+    )
+    parser.set_defaults(run=run_drain)
+
+
+def add_undrain(commands: Any) -> None:
+    parser = commands.add_parser("undrain", help="put a drained node back in service")
+    add_connection_arguments(parser)
+    parser.add_argument("node", help="the node's id or name")
+    parser.set_defaults(run=run_undrain)
+
+
+def _node_id(api: Any, node: str) -> int:
+    """A node's id, from its id or its name."""
+    if node.isdigit():
+        return int(node)
+    found = api.get("/nodes", "find the node", limit=500)["data"]
+    ids = [n["id"] for n in found if n["name"] == node]
+    if not ids:
+        raise CliError(f"no node named {node!r} (ddpo nodes lists them)")
+    return int(ids[0])
+
+
+def run_drain(args: argparse.Namespace) -> int:
+    with client_for(args) as api:
+        node_id = _node_id(api, args.node)
+        response = api.post(
+            f"/nodes/{node_id}/drain", f"drain node {args.node}", json={"deadline_s": args.deadline}
+        )
+    return _said_of_node(args, response.json())
+
+
+def run_undrain(args: argparse.Namespace) -> int:
+    with client_for(args) as api:
+        node_id = _node_id(api, args.node)
+        response = api.post(f"/nodes/{node_id}/undrain", f"undrain node {args.node}")
+    return _said_of_node(args, response.json())
+
+
+def _said_of_node(args: argparse.Namespace, data: Any) -> int:
+    if args.json:
+        _print_json(data)
+    else:
+        node = NodePublic.model_validate(data)
+        print(shown(f"node {node.id} ({node.name}): {render.node_state(node)}"))
     return 0
 
 

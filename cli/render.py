@@ -9,7 +9,8 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import ParamSpec
 
-from api.schemas import JobPublic, JobsPublic, NodesPublic, StudyPublic
+from api.lifecycle import NodeState, StopReason
+from api.schemas import JobPublic, JobsPublic, NodePublic, NodesPublic, StudyPublic
 from api.schemas.people import AuditPublic, KeysPublic
 from api.schemas.public import QueuePublic, TrainersPublic
 from cli.terminal import one_line, shown
@@ -106,10 +107,20 @@ def queue_table(queue: QueuePublic) -> str:
 
 
 @_for_terminal
+def node_state(node: NodePublic) -> str:
+    """live, lost, revoked; a live node being drained: draining while its
+    parts run, drained once none does; leaving while its worker shuts down."""
+    if node.drain is None or node.state is not NodeState.LIVE:
+        return node.state.value
+    if node.drain.reason is StopReason.NODE_LEAVING:
+        return "leaving"
+    return "draining" if node.parts else "drained"
+
+
 def nodes_table(nodes: NodesPublic) -> str:
     now = datetime.now(timezone.utc)
     lines = [
-        f"{'id':>4}  {'name':<16} {'address':<16} {'state':<7} {'slots':>5} {'cpus':>4} "
+        f"{'id':>4}  {'name':<16} {'address':<16} {'state':<8} {'slots':>5} {'cpus':>4} "
         f"{'gpus':>4} {'heartbeat':>10}  running"
     ]
     for node in nodes.data:
@@ -119,7 +130,7 @@ def nodes_table(nodes: NodesPublic) -> str:
         )
         lines.append(
             f"{node.id:>4}  {one_line(node.name):<16} {one_line(node.address):<16} "
-            f"{node.state.value:<7} "
+            f"{node_state(node):<8} "
             f"{node.slots:>5} {node.cpus:>4} {node.gpus:>4} {ago:>10}  {running or '-'}"
         )
     if nodes.count > len(nodes.data):

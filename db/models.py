@@ -59,6 +59,14 @@ class Node(SQLModel, table=True):
     credential_digest: str | None = Field(default=None, unique=True)
     registered_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     last_heartbeat_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    # Drained (by an admin) or leaving (its worker is shutting down): it
+    # takes no new part, and from the deadline on its parts' jobs are asked
+    # to stop at a step and go elsewhere. None: it takes parts.
+    drain_reason: StopReason | None = Field(
+        default=None, sa_column=Column(EnumText(StopReason), nullable=True)
+    )
+    drain_requested_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    drain_deadline_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class Study(SQLModel, table=True):

@@ -402,10 +402,21 @@ def live_node_capacities(
             Node.scripts,
             Node.trainer_offers,
         )
-        .where(Node.state == NodeState.LIVE)
+        # A drained node takes no new part.
+        .where(Node.state == NodeState.LIVE, col(Node.drain_reason).is_(None))
         .order_by(col(Node.id))
     )
     return [tuple(row) for row in session.execute(statement).all()]
+
+
+def nodes_due_to_drain(*, session: Session, now: datetime) -> list[Node]:
+    """Live nodes being drained whose deadline has come."""
+    statement = select(Node).where(
+        Node.state == NodeState.LIVE,
+        col(Node.drain_reason).is_not(None),
+        col(Node.drain_deadline_at) <= now,
+    )
+    return list(session.exec(statement).all())
 
 
 def live_node_offers(*, session: Session) -> list[tuple[str, list[dict[str, Any]], dict[str, str]]]:

@@ -217,5 +217,10 @@ class ServerClient:
         body = protocol.LogBatch(node_id=node_id, lines=lines)
         return protocol.Ack.model_validate(self._post(f"/parts/{part_id}/logs", body)).accepted
 
+    def leave(self, node_id: int, grace_s: float) -> None:
+        """This node's worker is shutting down: its parts' jobs stop at a
+        step within ``grace_s`` and go elsewhere."""
+        self._post(f"/nodes/{node_id}/leave", protocol.NodeLeaving(grace_s=grace_s))
+
     def finish(self, part_id: int, report: protocol.PartFinished) -> bool:
         return protocol.Ack.model_validate(self._post(f"/parts/{part_id}/finish", report)).accepted

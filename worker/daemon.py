@@ -43,6 +43,8 @@ RENDEZVOUS_CHECK_S = 0.1
 FINISHING_CHECK_S = 0.1
 # Where a retried part keeps the checkpoint it resumes from, in its run directory.
 RESUME_FILE = "resume.pt"
+# Leaving: beyond the leave and stop graces, for the last reports to go out.
+LEAVE_MARGIN_S = 5.0
 # The daemon's exit status when the server will not have this node.
 EXIT_REFUSED = 3
 # ... and when its --address is not this host's.
@@ -68,6 +70,9 @@ class Worker:
         self.node_id: int | None = None
         self.parts: dict[int, PartProcess] = {}
         self._exit_requested = False
+        self._exit_now = False
+        # Shutting down: the parts are stopping at a step; start nothing new.
+        self._leaving = False
         self._forks: ForkServer | None = None
         # What the trainers are, when no fork server told (described once).
         self._offers: list[TrainerOffer] | None = None
@@ -90,6 +95,7 @@ class Worker:
         try:
             while not self._exit_requested:
                 self.step()
+            self._leave()
         except CannotJoin as exc:
             log.error("the server refused this node: %s", exc)
             return EXIT_REFUSED
@@ -108,6 +114,10 @@ class Worker:
             self._iteration()
 
     def request_exit(self, *_: object) -> None:
+        """Leave (the parts stop at a step, within the leave grace), then
+        exit; asked again, exit now."""
+        if self._exit_requested:
+            self._exit_now = True
         self._exit_requested = True
 
     def _install_signal_handlers(self) -> None:
@@ -235,6 +245,31 @@ class Worker:
                 env=launcher_env(self.settings),
             )
 
+    def _leave(self) -> None:
+        """Asked to exit with parts running: tell the server this node is
+        leaving, so their jobs stop at a step, checkpoint and start again
+        elsewhere (none fails, none uses a restart); go on tending them
+        until they have ended and said so, or the leave grace (and then the
+        stop grace) is over, or a second signal comes."""
+        grace = self.settings.leave_grace_s
+        if self.node_id is None or not self.parts or grace <= 0 or self._exit_now:
+            return
+        try:
+            self.client.leave(self.node_id, grace)
+        except (ServerUnavailable, Refused) as exc:
+            log.warning("could not tell the server this node is leaving: %s", exc)
+            return
+        log.info("leaving: %d part(s) stop at a step within %g s", len(self.parts), grace)
+        self._leaving = True
+        deadline = time.monotonic() + grace + self.settings.stop_grace_s + LEAVE_MARGIN_S
+        while (
+            self.parts
+            and self.node_id is not None
+            and not self._exit_now
+            and time.monotonic() < deadline
+        ):
+            self._iteration()
+
     def _shutdown(self) -> None:
         """Stop every part this node still runs and say so, best effort."""
         for part in self.parts.values():
@@ -305,7 +340,7 @@ class Worker:
             self._poll_sent_at = None  # taken and answered, or not taken at all
         self._poll_answered_at = time.monotonic()
         self.courier.available()
-        for assignment in response.start:
+        for assignment in response.start if not self._leaving else ():
             self._start(assignment)
         for part_id in response.stop:
             self._stop(part_id)

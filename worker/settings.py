@@ -76,6 +76,16 @@ class WorkerSettings(BaseSettings):
         1.0, gt=0, description="How often progress is shipped while a part runs"
     )
     stop_grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL when stopping ranks")
+    leave_grace_s: float = Field(
+        20.0,
+        ge=0,
+        le=3600,
+        description="On SIGTERM (a Slurm walltime, a spot notice, systemctl stop) with parts "
+        "running: how long their jobs get to stop at a step and checkpoint, to start again "
+        "elsewhere, before the worker stops them and exits (keep it and DDPO_STOP_GRACE_S "
+        "under what your scheduler waits before SIGKILL: Slurm's KillWait is 30 s, "
+        "systemd's TimeoutStopSec 90 s); 0: stop them at once. A second SIGTERM cuts it short",
+    )
     process_group_timeout_s: float = Field(
         300.0, gt=0, description="torch.distributed timeout for rendezvous and collectives"
     )

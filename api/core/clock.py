@@ -12,7 +12,7 @@ from api.core import lookup
 from api.core.context import Core, PlanMemo
 from api.core.placement import plan_and_start, schedule
 from api.core.settlement import fail_at_deadline, lose_parts, may_explain, settle
-from api.core.stops import stop_overdue
+from api.core.stops import drain_due, stop_overdue
 from api.failures import FailureReason
 from api.lifecycle import NodeState, PartStatus, move_part
 from api.schemas import JobError
@@ -40,7 +40,8 @@ def tick(core: Core, judge_nodes: bool = True) -> bool:
             fail_at_deadline(session, job, now)
         unstarted = fail_parts_never_started(session, core.settings, now)
         overdue = stop_overdue(session, now)
-        changed = bool(late or unstarted or overdue)
+        drained = drain_due(session, now, core.settings)
+        changed = bool(late or unstarted or overdue or drained)
         fresh = changed or not memo.still_holds(writes, now)
         outcome = plan_and_start(session, core.settings) if fresh else None
     if outcome is not None:  # committed: the plan is in the database

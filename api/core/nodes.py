@@ -5,6 +5,7 @@ revoked by an admin."""
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from sqlmodel import Session
 
@@ -16,7 +17,7 @@ from api.core.placement import schedule
 from api.core.settlement import lose_parts
 from api.credentials import new_node_credential
 from api.failures import FailureReason
-from api.lifecycle import NodeState, PartStatus
+from api.lifecycle import NodeState, PartStatus, StopReason
 from api.schemas import (
     Assignment,
     HeartbeatResponse,
@@ -65,6 +66,10 @@ def register_node(
         node.scripts = {script.path: script.sha256 for script in registration.scripts}
         node.state = NodeState.LIVE
         node.last_heartbeat_at = now
+        if node.drain_reason is StopReason.NODE_LEAVING:
+            # Its worker left and is back: it takes parts again (an admin's
+            # drain stays until undrained).
+            node.drain_reason = node.drain_requested_at = node.drain_deadline_at = None
         session.flush()
         assert node.id is not None
         node_id, new_digest = node.id, node.credential_digest
@@ -164,6 +169,91 @@ def revoke_node(core: Core, node_id: int, actor: Actor) -> None:
             schedule(session, core.settings)
             log.warning("node %d (%s) revoked by %s", node_id, node.name, actor.name)
     core.credentials.revoke(node_id)
+
+
+def drain_node(core: Core, node_id: int, deadline_s: float, actor: Actor) -> None:
+    """Take the node out of service: from now on it takes no new part; its
+    parts run until ``deadline_s`` from now, then their jobs are asked to
+    stop at a step (within each job's stop grace) and start again
+    elsewhere from it. Draining a drained node again sets the new deadline."""
+    now = utcnow()
+    with core.db.write() as session:
+        node = _node_to_change(session, node_id)
+        node.drain_reason = StopReason.DRAINED
+        node.drain_requested_at = now
+        node.drain_deadline_at = now + timedelta(seconds=deadline_s)
+        parts = queries.active_parts_on_nodes(session=session, node_ids=[node_id])
+        record(
+            session,
+            actor,
+            AuditAction.NODE_DRAIN,
+            f"node {node_id}",
+            name=node.name,
+            deadline_s=deadline_s,
+            jobs=sorted({p.job_id for p in parts}),
+        )
+        stops.drain_due(session, now, core.settings)
+        log.warning(
+            "node %d (%s) drained by %s: its %d part(s) stop by %s",
+            node_id,
+            node.name,
+            actor.name,
+            len(parts),
+            node.drain_deadline_at.isoformat(timespec="seconds"),
+        )
+
+
+def undrain_node(core: Core, node_id: int, actor: Actor) -> None:
+    """Back in service: the node takes parts again (jobs already asked to
+    stop still stop)."""
+    with core.db.write() as session:
+        node = _node_to_change(session, node_id)
+        if node.drain_reason is None:
+            return
+        node.drain_reason = node.drain_requested_at = node.drain_deadline_at = None
+        record(session, actor, AuditAction.NODE_UNDRAIN, f"node {node_id}", name=node.name)
+        schedule(session, core.settings)
+        log.info("node %d (%s) undrained by %s", node_id, node.name, actor.name)
+
+
+def leave(core: Core, node_id: int, grace_s: float) -> None:
+    """The node's worker is shutting down (SIGTERM: a Slurm walltime, a
+    spot notice, systemctl stop): it takes no new part, and its parts'
+    jobs are asked to stop at a step within ``grace_s`` (or their own
+    grace, if shorter), to start again elsewhere; none fails, none uses a
+    restart. It takes parts again once its worker registers anew."""
+    now = utcnow()
+    with core.db.write() as session:
+        node = _known_node(session, node_id)
+        node.drain_reason = StopReason.NODE_LEAVING
+        node.drain_requested_at = node.drain_deadline_at = now
+        parts = queries.active_parts_on_nodes(session=session, node_ids=[node_id])
+        for job in queries.get_jobs(session=session, job_ids=sorted({p.job_id for p in parts})):
+            stops.ask_to_stop(
+                session,
+                job,
+                StopReason.NODE_LEAVING,
+                f"node {node.name}",
+                now,
+                core.settings,
+                within_s=grace_s,
+            )
+        log.warning(
+            "node %d (%s) is leaving: %d part(s) to stop within %g s",
+            node_id,
+            node.name,
+            len(parts),
+            grace_s,
+        )
+
+
+def _node_to_change(session: Session, node_id: int) -> Node:
+    node = queries.get_node(session=session, node_id=node_id)
+    if node is None:
+        raise NotFound(f"node {node_id} not found")
+    if node.state is NodeState.REVOKED:
+        raise Conflict(f"node {node_id} was revoked: it takes no part anyway")
+    return node
 
 
 def node_holds_job(core: Core, node_id: int, job_id: int) -> bool:

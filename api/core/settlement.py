@@ -14,7 +14,15 @@ from sqlmodel import Session
 
 from api.core import lookup
 from api.failures import FailureReason, names_the_cause
-from api.lifecycle import JobStatus, PartStatus, backoff_seconds, move_job, move_part, settle_job
+from api.lifecycle import (
+    JobStatus,
+    PartStatus,
+    backoff_seconds,
+    describe_stop,
+    move_job,
+    move_part,
+    settle_job,
+)
 from api.schemas import JobError
 from api.settings import ServerSettings
 from db import queries
@@ -160,10 +168,9 @@ def requeue_stopped(session: Session, job: Job, attempt: Attempt, now: datetime)
     job.error = None
     set_job_status(session, job, JobStatus.QUEUED, now)
     job.not_before = None
-    why = str(attempt.stop_reason).replace("_", " ")
+    assert attempt.stop_reason is not None
     job.pending_reason = (
-        f"{why}{f' {attempt.stop_detail}' if attempt.stop_detail else ''}; "
-        f"resumes {resumes_from(job)}"
+        f"{describe_stop(attempt.stop_reason, attempt.stop_detail)}; resumes {resumes_from(job)}"
     )
     log.info("job %d attempt %d stopped on request: %s", job.id, attempt.number, job.pending_reason)
 

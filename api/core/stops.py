@@ -42,8 +42,10 @@ def ask_to_stop(
     detail: str | None,
     now: datetime,
     settings: ServerSettings,
+    within_s: float | None = None,
 ) -> bool:
-    """Ask the job's running attempt to stop at a step and checkpoint.
+    """Ask the job's running attempt to stop at a step and checkpoint,
+    within its grace (or ``within_s``, if sooner: a leaving node's).
     False when it is not running or was asked already (the first reason
     stands)."""
     if job.status is not JobStatus.RUNNING or job.current_attempt_id is None:
@@ -54,7 +56,10 @@ def ask_to_stop(
     attempt.stop_reason = reason
     attempt.stop_detail = detail
     attempt.stop_requested_at = now
-    attempt.stop_deadline_at = now + timedelta(seconds=grace_of(job, settings))
+    grace = grace_of(job, settings)
+    if within_s is not None:
+        grace = min(grace, within_s)
+    attempt.stop_deadline_at = now + timedelta(seconds=grace)
     for part in queries.parts_of_attempt(session=session, attempt_id=attempt.id or 0):
         if part.status is PartStatus.ASSIGNED:
             # Not started yet: it has trained nothing, so nothing is lost
@@ -126,3 +131,17 @@ def stop_overdue(session: Session, now: datetime) -> bool:
                     NODE_KILL_MARGIN_S,
                 )
     return changed
+
+
+def drain_due(session: Session, now: datetime, settings: ServerSettings) -> bool:
+    """The jobs on nodes whose drain deadline has come are asked to stop at
+    a step (they then start again elsewhere: a drained node takes no new
+    part). True if any was asked."""
+    asked = False
+    for node in queries.nodes_due_to_drain(session=session, now=now):
+        assert node.id is not None and node.drain_reason is not None
+        parts = queries.active_parts_on_nodes(session=session, node_ids=[node.id])
+        for job in queries.get_jobs(session=session, job_ids=sorted({p.job_id for p in parts})):
+            reason, detail = node.drain_reason, f"node {node.name}"
+            asked |= ask_to_stop(session, job, reason, detail, now, settings)
+    return asked

@@ -24,6 +24,7 @@ from api.node_answers import answer_heartbeat, answer_poll
 from api.routes import endpoint
 from api.schemas import (
     DB_INT_MAX,
+    Ack,
     HeartbeatRequest,
     HeartbeatResponse,
     NodePublic,
@@ -34,6 +35,8 @@ from api.schemas import (
     PollResponse,
     documented,
 )
+from api.schemas.protocol import NodeLeaving
+from api.schemas.public import NodeDrain
 
 router = APIRouter(prefix="/nodes", tags=["nodes"], responses=documented(400, 403, 404))
 
@@ -82,6 +85,34 @@ def revoke_node(node_id: NodeId, core: CoreDep, db: DatabaseDep, actor: ActorDep
     parts' jobs restart elsewhere if they have restarts left."""
     nodes_core.revoke_node(core, node_id, actor)
     return views.read_node(db=db, node_id=node_id)
+
+
+@endpoint(router, route_table.DRAIN_NODE, response_model=NodePublic, responses=documented(409))
+def drain_node(
+    node_id: NodeId, drain: NodeDrain, core: CoreDep, db: DatabaseDep, actor: ActorDep
+) -> NodePublic:
+    """Take the node out of service (admins): it takes no new part; its
+    parts run until ``deadline_s`` from now, then their jobs stop at a step,
+    checkpoint, and start again elsewhere from that step (no restart used)."""
+    nodes_core.drain_node(core, node_id, drain.deadline_s, actor)
+    return views.read_node(db=db, node_id=node_id)
+
+
+@endpoint(router, route_table.UNDRAIN_NODE, response_model=NodePublic, responses=documented(409))
+def undrain_node(node_id: NodeId, core: CoreDep, db: DatabaseDep, actor: ActorDep) -> NodePublic:
+    """Put a drained node back in service: it takes parts again."""
+    nodes_core.undrain_node(core, node_id, actor)
+    return views.read_node(db=db, node_id=node_id)
+
+
+@endpoint(router, route_table.LEAVE, response_model=Ack)
+def leave(node_id: NodeId, leaving: NodeLeaving, core: CoreDep, caller_node: CallerNodeDep) -> Ack:
+    """The node's worker is shutting down (SIGTERM): its parts' jobs stop
+    at a step within ``grace_s`` and start again elsewhere; it takes no new
+    part until its worker registers again."""
+    acting_for(caller_node, node_id)
+    nodes_core.leave(core, node_id, leaving.grace_s)
+    return Ack()
 
 
 @endpoint(router, route_table.HEARTBEAT, response_model=HeartbeatResponse)

@@ -78,6 +78,8 @@ class AuditAction(str, enum.Enum):
     STUDY_SUBMIT = "study.submit"
     STUDY_CANCEL = "study.cancel"
     NODE_REVOKE = "node.revoke"
+    NODE_DRAIN = "node.drain"
+    NODE_UNDRAIN = "node.undrain"
     KEY_CREATE = "key.create"
     KEY_REVOKE = "key.revoke"
 

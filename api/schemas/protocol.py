@@ -11,7 +11,13 @@ from pydantic import Strict as PydanticStrict
 from api.failures import FailureReason
 from api.lifecycle import StopReason
 from api.schemas import params_schema
-from api.schemas.spec import SCRIPT_PATH_PATTERN, SHA256_PATTERN, JobSpec, TrainResult
+from api.schemas.spec import (
+    MAX_STOP_GRACE_S,
+    SCRIPT_PATH_PATTERN,
+    SHA256_PATTERN,
+    JobSpec,
+    TrainResult,
+)
 from api.schemas.strict import (
     DB_INT_MAX,
     MAX_WORLD_SIZE,
@@ -233,6 +239,13 @@ class PollResponse(BaseModel):
     rendezvous: list[Rendezvous] = Field(
         default_factory=list, description="Ports now known for parts in `waiting_for_port`"
     )
+
+
+class NodeLeaving(Strict):
+    """A node's worker is shutting down: its parts have this long to stop
+    at a step and checkpoint."""
+
+    grace_s: float = Field(ge=0, le=MAX_STOP_GRACE_S, allow_inf_nan=False)
 
 
 class PartStarted(Strict):

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from api.lifecycle import JobStatus, NodeState, PartStatus, PendingCode, StopReason
 from api.schemas.spec import JobError, JobSpec, TrainResult
+from api.schemas.strict import Strict
 
 
 class PartPublic(BaseModel):
@@ -54,6 +55,10 @@ class TimingPublic(BaseModel):
     setup_seconds: float | None = None
     eval_seconds: float | None = None
     threads_per_process: int | None = Field(None, description="Intra-op threads each rank used")
+
+
+# The longest a drain may wait for a node's parts (a week).
+MAX_DRAIN_S = 7 * 24 * 3600.0
 
 
 class CheckpointPublic(BaseModel):
@@ -244,6 +249,25 @@ class NodePart(BaseModel):
     status: PartStatus
 
 
+class DrainPublic(BaseModel):
+    """The node takes no new part; its parts' jobs stop at a step from the deadline on."""
+
+    reason: StopReason = Field(description="drained (by an admin) or node_leaving (its worker)")
+    requested_at: datetime
+    deadline_at: datetime
+
+
+class NodeDrain(Strict):
+    deadline_s: float = Field(
+        0,
+        ge=0,
+        le=MAX_DRAIN_S,
+        allow_inf_nan=False,
+        description="How long its parts run on before their jobs are asked to stop at a "
+        "step and go elsewhere (0: at once)",
+    )
+
+
 class NodePublic(BaseModel):
     id: int
     name: str
@@ -256,6 +280,9 @@ class NodePublic(BaseModel):
     registered_at: datetime
     last_heartbeat_at: datetime
     parts: list[NodePart]
+    drain: DrainPublic | None = Field(
+        None, description="Being drained, or drained: it takes no new part until undrained"
+    )
 
 
 class NodesPublic(BaseModel):

@@ -50,6 +50,12 @@ def put_stop_checkpoint(node: ProtocolNode, part_id: int, epoch: int, step: int)
     return accepted
 
 
+def node_view(client: httpx.Client, node_id: int) -> dict[str, Any]:
+    nodes = client.get("/nodes").raise_for_status().json()["data"]
+    found: dict[str, Any] = next(n for n in nodes if n["id"] == node_id)
+    return found
+
+
 def job(client: httpx.Client, job_id: int) -> dict[str, Any]:
     found: dict[str, Any] = client.get(f"/jobs/{job_id}").raise_for_status().json()
     return found
@@ -231,3 +237,86 @@ def test_a_preempted_job_keeps_every_restart_for_failures(client: httpx.Client) 
     assert retrying["status"] == "queued", retrying
     assert retrying["pending_reason"].startswith("restart 1 of 1 after rank_exited")
     assert job(client, high)["status"] == "succeeded"
+
+
+def test_a_drained_node_takes_no_part_and_its_jobs_move_from_their_step(
+    client: httpx.Client,
+) -> None:
+    a, b, c = (ProtocolNode(client, name) for name in ("a", "b", "c"))
+    job_id = submit(client, topology={"num_machines": 2, "num_processes": 1})["id"]
+    polled = {node.name: node.poll()["start"] for node in (a, b, c)}
+    held = {name: starts[0] for name, starts in polled.items() if starts}
+    assert len(held) == 2
+    for name, assignment in held.items():
+        runner = {"a": a, "b": b, "c": c}[name]
+        client.post(
+            f"/parts/{assignment['part_id']}/started", json={"node_id": runner.node_id}
+        ).raise_for_status()
+    machine_1 = next(name for name, s in held.items() if s["machine_id"] == 1)
+    node = {"a": a, "b": b, "c": c}[machine_1]
+
+    # Its parts run on until the deadline...
+    drained = client.post(f"/nodes/{node.node_id}/drain", json={"deadline_s": 3600}).json()
+    assert drained["drain"]["reason"] == "drained"
+    assert node.poll([held[machine_1]["part_id"]])["checkpoint_and_stop"] == []
+    # ... and then stop at a step: now.
+    client.post(f"/nodes/{node.node_id}/drain", json={"deadline_s": 0}).raise_for_status()
+    for name, assignment in held.items():
+        asked = {"a": a, "b": b, "c": c}[name].poll([assignment["part_id"]])
+        assert [r["reason"] for r in asked["checkpoint_and_stop"]] == ["drained"]
+    for name, assignment in held.items():
+        {"a": a, "b": b, "c": c}[name].finish(
+            assignment["part_id"], "stopped", exit_code=0, step=12
+        ).raise_for_status()
+    moved = job(client, job_id)
+    assert moved["attempts"][0]["ended"] == f"drained (node {machine_1}), stopped after step 12"
+    # Placed again at once, on the two nodes that are not drained.
+    again = {n.name: n.poll()["start"] for n in (a, b, c)}
+    assert sorted(name for name, s in again.items() if s) == sorted({"a", "b", "c"} - {machine_1})
+    assert again[machine_1] == []
+    assert node_view(client, node.node_id)["drain"] is not None
+
+    # Another job waits rather than run on the drained node, until undrained.
+    single = submit(client)["id"]
+    assert job(client, single)["status"] == "queued" and node.poll()["start"] == []
+    undrained = client.post(f"/nodes/{node.node_id}/undrain").json()
+    assert undrained["drain"] is None
+    assert [s["job_id"] for s in node.poll()["start"]] == [single]
+    actions = [e["action"] for e in client.get("/audit").json()["data"]]
+    assert actions.count("node.drain") == 2 and actions.count("node.undrain") == 1
+
+
+def test_a_leaving_node_hands_its_parts_back_and_takes_parts_again_once_registered(
+    client: httpx.Client,
+) -> None:
+    node = ProtocolNode(client, "leaves", slots=2)
+    job_id = submit(client)["id"]
+    part = started(node)["part_id"]
+    left = client.post(f"/nodes/{node.node_id}/leave", json={"grace_s": 20}, headers=node.headers)
+    assert left.status_code == 200, left.text
+    asked = node.poll([part])["checkpoint_and_stop"]
+    assert [(r["reason"], r["detail"]) for r in asked] == [("node_leaving", "node leaves")]
+    assert asked[0]["grace_s"] <= 20
+    assert node_view(client, node.node_id)["drain"]["reason"] == "node_leaving"
+    node.finish(part, "stopped", exit_code=0, step=3).raise_for_status()
+    waiting = job(client, job_id)
+    assert waiting["status"] == "queued" and waiting["error"] is None
+    assert node.poll()["start"] == []  # it is leaving: nothing new
+    # Its worker is back (the same credential): it takes parts again.
+    back = client.post(
+        "/nodes/register", json={"name": "leaves", "address": "127.0.0.1"}, headers=node.headers
+    )
+    assert back.status_code == 200, back.text
+    assert [s["job_id"] for s in node.poll()["start"]] == [job_id]
+
+
+def test_a_bad_drain_is_refused_naming_what_is_wrong(client: httpx.Client) -> None:
+    node = ProtocolNode(client, "n")
+    for body in ({"deadline_s": -1}, {"deadline_s": "soon"}, {"deadline_s": 10**9}):
+        refused = client.post(f"/nodes/{node.node_id}/drain", json=body)
+        assert refused.status_code == 422 and "deadline_s" in refused.text, refused.text
+    assert client.post("/nodes/999/drain", json={}).status_code == 404
+    client.post(f"/nodes/{node.node_id}/revoke").raise_for_status()
+    revoked = client.post(f"/nodes/{node.node_id}/drain", json={})
+    assert revoked.status_code == 409 and "revoked" in revoked.json()["detail"]
+    assert node_view(client, node.node_id)["drain"] is None
