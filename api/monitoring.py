@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.lifecycle import JobStatus, NodeState
+from api.lifecycle import JobStatus, NodeState, StopReason
 from db import queries
 from db.engine import Database
 
@@ -27,6 +27,8 @@ class DatabaseCollector(Collector):
             jobs = queries.job_counts_by_status(session=session)
             nodes = queries.node_counts_by_state(session=session)
             claims = queries.part_count(session=session)
+            stops = queries.stop_counts_by_reason(session=session)
+            draining = queries.count_draining_nodes(session=session)
         by_status = GaugeMetricFamily("ddpo_jobs", "Jobs in each state", labels=["state"])
         for status in JobStatus:
             by_status.add_metric([status.value], jobs.get(status, 0))
@@ -44,6 +46,20 @@ class DatabaseCollector(Collector):
             "ddpo_claims",
             "Machine ids of jobs handed to nodes (one per part started)",
             value=claims,
+        )
+        by_reason = CounterMetricFamily(
+            "ddpo_stops",
+            "Attempts asked to stop at a step and checkpoint: preempted, drained, resized, "
+            "node_leaving",
+            labels=["reason"],
+        )
+        for reason in StopReason:
+            by_reason.add_metric([reason.value], stops.get(reason, 0))
+        yield by_reason
+        yield GaugeMetricFamily(
+            "ddpo_nodes_draining",
+            "Nodes drained or leaving: they take no new part",
+            value=draining,
         )
 
 

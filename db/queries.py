@@ -12,7 +12,7 @@ from sqlalchemy import Select, delete, func, or_, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
-from api.lifecycle import JobStatus, NodeState, PartStatus
+from api.lifecycle import JobStatus, NodeState, PartStatus, StopReason
 from api.schemas import JobSpec
 from api.schemas.people import AuditAction
 from db.engine import kept_specs_of
@@ -544,6 +544,21 @@ def logs_of_job(
 def job_counts_by_status(*, session: Session) -> dict[JobStatus, int]:
     statement = select(Job.status, func.count()).group_by(col(Job.status))
     return {JobStatus(status): count for status, count in session.exec(statement).all()}
+
+
+def stop_counts_by_reason(*, session: Session) -> dict[StopReason, int]:
+    """Attempts the server asked to stop at a step, by why."""
+    statement = (
+        select(Attempt.stop_reason, func.count())
+        .where(col(Attempt.stop_reason).is_not(None))
+        .group_by(col(Attempt.stop_reason))
+    )
+    return {StopReason(reason): count for reason, count in session.exec(statement).all()}
+
+
+def count_draining_nodes(*, session: Session) -> int:
+    statement = select(func.count()).select_from(Node).where(col(Node.drain_reason).is_not(None))
+    return int(session.exec(statement).one())
 
 
 def node_counts_by_state(*, session: Session) -> dict[NodeState, int]:

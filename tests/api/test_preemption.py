@@ -15,8 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
+from cli.__main__ import main as cli
 from tests.api.conftest import ProtocolNode, ThreadedServer, make_settings, wait_for
 from tests.api.test_jobs_api import submit
+from tests.api.test_monitoring import scrape
 from tests.api.test_retries import started
 
 
@@ -116,6 +118,7 @@ def test_the_newest_of_the_lowest_priority_is_asked_to_stop_and_requeues_without
     assert first["stopped_at_step"] == 7 and first["error"] is None
     on_high = started(b, [])
     assert on_high["job_id"] == high["id"]
+    assert scrape(client)[("ddpo_stops_total", (("reason", "preempted"),))] == 1
     entries = client.get("/audit", params={"action": "job.preempt"}).json()["data"]
     assert [(e["actor"], e["target"], e["detail"]["by_job"]) for e in entries] == [
         ("scheduler", f"job {newer}", high["id"])
@@ -284,6 +287,10 @@ def test_a_drained_node_takes_no_part_and_its_jobs_move_from_their_step(
     assert [s["job_id"] for s in node.poll()["start"]] == [single]
     actions = [e["action"] for e in client.get("/audit").json()["data"]]
     assert actions.count("node.drain") == 2 and actions.count("node.undrain") == 1
+    metrics = scrape(client)
+    assert metrics[("ddpo_stops_total", (("reason", "drained"),))] == 1
+    assert metrics[("ddpo_stops_total", (("reason", "preempted"),))] == 0
+    assert metrics[("ddpo_nodes_draining", ())] == 0
 
 
 def test_a_leaving_node_hands_its_parts_back_and_takes_parts_again_once_registered(
@@ -320,3 +327,26 @@ def test_a_bad_drain_is_refused_naming_what_is_wrong(client: httpx.Client) -> No
     revoked = client.post(f"/nodes/{node.node_id}/drain", json={})
     assert revoked.status_code == 409 and "revoked" in revoked.json()["detail"]
     assert node_view(client, node.node_id)["drain"] is None
+
+
+def test_the_cli_drains_and_undrains_a_node_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with serve(tmp_path) as client:
+        node = ProtocolNode(client, "gpu-7")
+        submit(client)
+        part = started(node)["part_id"]
+        url = str(client.base_url)
+        assert cli(["drain", "--server", url, "gpu-7", "--deadline", "600"]) == 0
+        assert "node 1 (gpu-7): draining" in capsys.readouterr().out
+        assert cli(["nodes", "--server", url]) == 0
+        assert "draining" in capsys.readouterr().out
+        node.finish(part, "succeeded", exit_code=0).raise_for_status()
+        assert cli(["nodes", "--server", url]) == 0
+        assert "drained" in capsys.readouterr().out
+        assert cli(["undrain", "--server", url, "1"]) == 0
+        assert "node 1 (gpu-7): live" in capsys.readouterr().out
+        assert cli(["drain", "--server", url, "no-such-node"]) == 1
+        assert "no node named 'no-such-node'" in capsys.readouterr().err
+        assert cli(["drain", "--server", url, "gpu-7", "--deadline", "-5"]) == 1
+        assert "deadline_s" in capsys.readouterr().err
