@@ -50,7 +50,9 @@ def plan_and_start(session: Session, settings: ServerSettings) -> Outcome:
         decision = survey.decisions[head.id]
         if isinstance(decision, Pending) and decision.code is PendingCode.WAITING_FOR_SLOTS:
             assert survey.nodes is not None
-            preempting = preempt_for(session, settings, head, survey.nodes, survey.running, now)
+            preempting = preempt_for(
+                session, settings, head, decision, survey.nodes, survey.running, now
+            )
             if preempting.pending is not None:
                 survey.decisions[head.id] = preempting.pending
             next_due = _earliest(next_due, preempting.next_due)
@@ -104,6 +106,7 @@ def preempt_for(
     session: Session,
     settings: ServerSettings,
     head: QueuedJob,
+    waiting: Pending,
     nodes: list[NodeCapacity],
     running: list[RunningAttempt],
     now: datetime,
@@ -149,7 +152,7 @@ def preempt_for(
                 jobs[victim].priority,
             )
     stopping = [r.job.id for r in running if r.attempt.stop_detail == _by(head.id)]
-    return Preempting(_preempting(head, [*stopping, *choice.victims]), None)
+    return Preempting(_preempting(head, waiting, [*stopping, *choice.victims]), None)
 
 
 # Who the audit log says preempted a job: the server's own scheduler.
@@ -160,20 +163,21 @@ def _by(job_id: int) -> str:
     return f"by job {job_id}"
 
 
-def _preempting(head: QueuedJob, victims: Iterable[int | None]) -> Pending:
+def _preempting(head: QueuedJob, waiting: Pending, victims: Iterable[int | None]) -> Pending:
+    """``head``'s reason (it was ``waiting`` for slots): the jobs it preempts."""
     named = sorted({v for v in victims if v is not None})
-    return Pending(
-        PendingCode.PREEMPTING,
-        f"preempting job{'s' if len(named) > 1 else ''} {', '.join(map(str, named))} "
+    return replace(
+        waiting,
+        code=PendingCode.PREEMPTING,
+        reason=f"preempting job{'s' if len(named) > 1 else ''} {', '.join(map(str, named))} "
         f"(priority {head.priority} goes first): they stop at a step and checkpoint, "
         "then this job starts",
-        nodes_needed=head.spec.topology.num_machines,
         preempting=tuple(named),
     )
 
 
 def _being_preempted(
-    head: QueuedJob, nodes: list[NodeCapacity], running: list[RunningAttempt]
+    head: QueuedJob, waiting: Pending, nodes: list[NodeCapacity], running: list[RunningAttempt]
 ) -> Pending | None:
     """``head``'s reason while the jobs it preempted stop: once they have,
     it fits (else it is still waiting for slots, and may preempt more)."""
@@ -183,7 +187,7 @@ def _being_preempted(
     stopping = [r.node_ids for r in running if r.attempt.stop_reason is not None]
     if not isinstance(place_gang(head.spec, freed(nodes, stopping)), Placement):
         return None
-    return _preempting(head, mine)
+    return _preempting(head, waiting, mine)
 
 
 def _coming_of_age(
@@ -283,7 +287,9 @@ def survey_queue(session: Session, jobs: list[QueuedJob], now: datetime) -> Queu
     if head is None:
         return QueueSurvey(jobs, decisions, next_due, nodes)
     running = queries.running_attempts(session=session)
-    if (pending := _being_preempted(head, nodes, running)) is not None:
+    waiting = decisions[head.id]
+    assert isinstance(waiting, Pending)
+    if (pending := _being_preempted(head, waiting, nodes, running)) is not None:
         decisions[head.id] = pending
     return QueueSurvey(jobs, decisions, next_due, nodes, head, running)
 

@@ -392,9 +392,13 @@ function jobPage(id) {
     document.querySelector("#attempts tbody").innerHTML = job.attempts.map((a) => `
       <tr data-attempt="${a.number}"><td class="num">${a.number}</td><td>${when(a.started_at)}</td>
         <td>${a.finished_at ? when(a.finished_at) : "running"}</td>
-        <td>${a.resumed_from_epoch !== null ? `the checkpoint of epoch ${a.resumed_from_epoch}` : "the start"}</td>
-        <td>${a.error ? `<strong>${esc(a.error.reason)}</strong>: ${esc(a.error.message)}`
-          : a.finished_at ? esc(job.status === "succeeded" && a.number === job.attempt ? "succeeded" : job.status) : "–"}</td></tr>`
+        <td class="resumed">${a.resumed_from_step !== null ? `step ${a.resumed_from_step} (a stop's checkpoint)`
+          : a.resumed_from_epoch !== null ? `the checkpoint of epoch ${a.resumed_from_epoch}` : "the start"}
+          <span class="muted small">· ${a.world_size} rank(s)</span></td>
+        <td class="ended">${a.error ? `<strong>${esc(a.error.reason)}</strong>: ${esc(a.error.message)}`
+          : a.ended ? esc(a.ended)
+          : a.stop ? `stopping: ${esc(a.stop.reason)}${a.stop.detail ? ` ${esc(a.stop.detail)}` : ""}, by ${when(a.stop.deadline_at)}`
+          : a.finished_at ? esc(job.status) : "–"}</td></tr>`
     ).join("") || `<tr><td colspan="5" class="muted">${job.status === "queued" ? `Not started: ${esc(job.pending_reason || "waiting")}` : "None."}</td></tr>`;
 
     document.querySelector("#machines tbody").innerHTML = job.parts.map((part) => `
@@ -585,7 +589,7 @@ function queuePage() {
         <td class="needs">${n.nodes} node(s) × ${n.slots_per_node} slot${gpus}, ${esc(what)}</td>
         <td class="free" title="free / suitable / live">${p.nodes_free} free of ${p.nodes_suitable} suitable, ${p.nodes_live} live</td>
         <td><code class="code">${esc(p.code)}</code></td>
-        <td class="reason">${esc(p.reason)}</td>
+        <td class="reason">${esc(p.reason)}${p.preempting.length ? `<div class="preempting small">preempting ${p.preempting.map((id) => `<a href="/ui/jobs/${id}">job ${id}</a>`).join(", ")}</div>` : ""}</td>
         <td>${duration((now - Date.parse(q.created_at)) / 1000)} ago</td></tr>`;
     }).join("") || `<tr><td colspan="10" class="muted">Nothing is queued.</td></tr>`;
   });

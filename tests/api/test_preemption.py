@@ -76,6 +76,8 @@ def test_the_newest_of_the_lowest_priority_is_asked_to_stop_and_requeues_without
     high = submit(client, priority=5)
     assert high["status"] == "queued"
     assert high["pending"]["code"] == "preempting" and high["pending"]["preempting"] == [newer]
+    # The numbers behind it are still the slots it waits for.
+    assert (high["pending"]["nodes_live"], high["pending"]["nodes_free"]) == (2, 0)
     assert f"preempting job {newer} " in high["pending_reason"]
 
     # Node b hears it on its next poll (and heartbeat); node a hears nothing.

@@ -19,6 +19,7 @@ import pytest
 
 from cli.cluster import LocalCluster
 from tests.conftest import REPO
+from tests.e2e.browser import page  # noqa: F401 (a fixture for every end-to-end test)
 
 # (pytestmark in a conftest marks nothing: the hook below marks every test here.)
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from cli.cluster import LocalCluster
+from tests.e2e.browser import ARTIFACTS, needs_a_browser, sign_in
 from tests.e2e.conftest import Jobs, record
 from tests.tensors import assert_same_tensors
 
@@ -182,3 +183,40 @@ def test_a_script_that_never_asks_is_stopped_after_its_grace_and_resumes_from_it
     assert second["resumed_from_epoch"] is not None and second["resumed_from_epoch"] >= 1
     assert second["resumed_from_step"] is None
     assert done["progress"]["metrics"]["total"] == 200 * 201 / 2
+
+
+@needs_a_browser
+@pytest.mark.timeout(300)
+def test_the_dashboard_names_whom_a_job_preempts_and_why_each_attempt_ended(
+    jobs: Jobs, cluster: LocalCluster, page: Any
+) -> None:
+    # A script that never asks, with 15 s to stop: long enough to see the
+    # preemptor waiting on the queue page.
+    victim = jobs.submit(**counted(400, "--steps-per-epoch", "20"), stop_grace_s=15)
+    jobs.wait(
+        victim,
+        lambda j: ((j["progress"] or {}).get("step") or 0) >= 25,
+        120,
+        "the victim's first checkpoint",
+    )
+    preemptor = jobs.submit(machines=2, **PREEMPTOR)
+    assert cluster.tokens is not None
+    page.goto(f"{cluster.url}/ui/queue")
+    sign_in(page, cluster, cluster.tokens.admin)
+    row = page.locator(f"#queue tr[data-job='{preemptor}']")
+    row.locator(".preempting").wait_for(timeout=10_000)
+    assert row.locator(".preempting").inner_text() == f"preempting job {victim}"
+    assert page.locator(f"#queue tr[data-job='{preemptor}'] .code").inner_text() == "preempting"
+    page.screenshot(path=str(ARTIFACTS / "dashboard-preempting.png"), full_page=True)
+
+    assert jobs.wait_done(preemptor, 120)["status"] == "succeeded"
+    done = jobs.wait_done(victim, 120)
+    assert done["status"] == "succeeded", done
+    page.goto(f"{cluster.url}/ui/jobs/{victim}")
+    page.locator("#attempts tr[data-attempt='2']").wait_for()
+    first = page.inner_text("#attempts tr[data-attempt='1'] .ended")
+    assert first == f"preempted by job {preemptor}", first
+    resumed = page.inner_text("#attempts tr[data-attempt='2'] .resumed")
+    epoch = done["attempts"][1]["resumed_from_epoch"]
+    assert f"the checkpoint of epoch {epoch}" in resumed and "1 rank(s)" in resumed, resumed
+    page.screenshot(path=str(ARTIFACTS / "dashboard-preempted-attempts.png"), full_page=True)
