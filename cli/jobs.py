@@ -93,6 +93,19 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
         help="fail with reason deadline this long after the first start",
     )
     group.add_argument(
+        "--not-preemptible",
+        action="store_true",
+        help="never stopped for a job of a higher priority once started",
+    )
+    group.add_argument(
+        "--stop-grace",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="when asked to stop (preempted, drained), how long to reach a step and "
+        "checkpoint before SIGTERM (default: the server's DDPO_STOP_GRACE_S)",
+    )
+    group.add_argument(
         "--performance",
         type=_json_object,
         default=None,
@@ -145,6 +158,10 @@ def spec_from_args(args: argparse.Namespace) -> dict[str, object]:
         spec["max_steps_per_epoch"] = args.max_steps_per_epoch
     if args.max_run_seconds is not None:
         spec["max_run_seconds"] = args.max_run_seconds
+    if args.not_preemptible:
+        spec["preemptible"] = False
+    if args.stop_grace is not None:
+        spec["stop_grace_s"] = args.stop_grace
     if args.performance is not None:
         spec["performance"] = args.performance
     return spec

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import ParamSpec
 
-from api.lifecycle import NodeState, StopReason
+from api.lifecycle import JobStatus, NodeState, StopReason
 from api.schemas import JobPublic, JobsPublic, NodePublic, NodesPublic, StudyPublic
 from api.schemas.people import AuditPublic, KeysPublic
 from api.schemas.public import QueuePublic, TrainersPublic
@@ -185,6 +185,24 @@ def summary(job: JobPublic) -> str:
         lines.append(
             f"  machine {part.machine_id} on {one_line(part.node_name)}: {part.status.value}"
         )
+    if job.status is JobStatus.QUEUED and job.pending_reason:
+        lines.append(f"waiting: {one_line(job.pending_reason)}")
+    if len(job.attempts) > 1 or any(a.stop for a in job.attempts):
+        lines.append("attempts:")
+        for a in job.attempts:
+            start = (
+                f"from step {a.resumed_from_step}"
+                if a.resumed_from_step is not None
+                else f"from epoch {a.resumed_from_epoch}"
+                if a.resumed_from_epoch is not None
+                else "from the start"
+            )
+            now = a.ended or (
+                f"stopping ({a.stop.reason}{f' {a.stop.detail}' if a.stop.detail else ''})"
+                if a.stop
+                else "running"
+            )
+            lines.append(f"  {a.number}: {a.world_size} rank(s), {start}: {one_line(now)}")
     r = job.result
     if r is not None:
         if r.test_accuracy is not None:

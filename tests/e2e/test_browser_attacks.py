@@ -15,11 +15,11 @@ import httpx
 import pytest
 
 from cli.cluster import LocalCluster, free_port
-from tests.e2e import test_dashboard
+from tests.e2e.browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, needs_a_browser
 from tests.e2e.conftest import ddpo_told_no_token
-from tests.e2e.test_dashboard import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, sync_api
 
-pytestmark = test_dashboard.pytestmark  # skipped, or failed in CI, without a Chromium
+sync_api = pytest.importorskip("playwright.sync_api")
+pytestmark = needs_a_browser  # skipped, or failed in CI, without a Chromium
 
 ATTACK = """<!doctype html><html><body>
 <iframe name="sink"></iframe>
