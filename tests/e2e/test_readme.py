@@ -31,6 +31,7 @@ CURL = "### A cluster to play with, then curl"
 CLI = "### The command line"
 STUDIES = "### Scaling studies"
 PEOPLE = "### People: keys, owners and the audit log"
+PREEMPTION = "### Preemption, drain and stopping at a step"
 
 
 def shell_blocks(heading: str) -> list[str]:
@@ -186,3 +187,29 @@ def test_readmes_scaling_study_lines_work_as_written(
     assert len(re.findall(r"^1 x 8 .* succeeded$", shown, re.M)) == 2, (
         shown
     )  # ddpo study, local-cluster
+
+
+@pytest.mark.timeout(600)  # the urgent job waits out the long one's minimum run time (60 s)
+def test_readmes_preemption_and_drain_lines_work_as_written(
+    mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (block,) = shell_blocks(PREEMPTION)
+    with kept_cluster(mnist_dir, tmp_path, monkeypatch) as (env, found):
+        prelude = f"source local-cluster/tokens.env\nsource {sys.prefix}/bin/activate"
+        shown = run_block(prelude, block, tmp_path, env, timeout_s=480)
+        headers = {"Authorization": f"Bearer {found.token}"}
+        long_job = httpx.get(f"{found.server}/jobs/1", headers=headers, timeout=10).json()
+        urgent = httpx.get(f"{found.server}/jobs/2", headers=headers, timeout=10).json()
+    assert "job 2 succeeded" in shown, shown  # the urgent job, followed with --wait
+    preempted = re.search(
+        r"  1: 2 rank\(s\), from the start: preempted by job 2, stopped after step (\d+)", shown
+    )
+    assert preempted, shown
+    assert f"  2: 2 rank(s), from step {preempted.group(1)}" in shown, shown
+    assert re.search(r"node-1 .* (draining|drained) ", shown), shown
+    assert long_job["status"] in ("cancelled", "cancelling"), long_job
+    endings = [a["ended"] or "" for a in long_job["attempts"]]
+    assert endings[0].startswith("preempted by job 2, stopped after step")
+    assert endings[1].startswith("drained (node node-1)"), endings
+    assert long_job["spec"]["max_restarts"] == 0 and long_job["error"] is None
+    assert urgent["status"] == "succeeded"
