@@ -240,27 +240,33 @@ class RunningAttempt:
     node_ids: tuple[int, ...]
 
 
-def running_attempts(*, session: Session) -> list[RunningAttempt]:
-    """Every running job with its current attempt (a few: one per busy slot
-    at most), for preemption to choose from."""
-    jobs = list(session.exec(select(Job).where(Job.status == JobStatus.RUNNING)).all())
-    attempts = get_attempts(
-        session=session, attempt_ids=[j.current_attempt_id for j in jobs if j.current_attempt_id]
+def running_attempts(
+    *, session: Session, below_priority: int | None = None, stopping: bool = False
+) -> list[RunningAttempt]:
+    """Running jobs with their current attempts: of a priority below
+    ``below_priority`` (those a job of it may preempt), or only those
+    asked to stop at a step (``stopping``)."""
+    statement = (
+        select(Job, Attempt)
+        .join(Attempt, col(Attempt.id) == col(Job.current_attempt_id))
+        .where(Job.status == JobStatus.RUNNING)
     )
+    if below_priority is not None:
+        statement = statement.where(col(Job.priority) < below_priority)
+    if stopping:
+        statement = statement.where(col(Attempt.stop_reason).is_not(None))
+    pairs = list(session.exec(statement).all())
     held: dict[int, list[int]] = {}
-    if attempts:
-        statement = select(Part.attempt_id, Part.node_id).where(
-            col(Part.attempt_id).in_(list(attempts)),
+    if pairs:
+        nodes = select(Part.attempt_id, Part.node_id).where(
+            col(Part.attempt_id).in_([attempt.id for _, attempt in pairs]),
             col(Part.status).in_(ACTIVE_PART_STATUSES),
         )
-        for attempt_id, node_id in session.exec(statement).all():
+        for attempt_id, node_id in session.exec(nodes).all():
             held.setdefault(attempt_id, []).append(node_id)
     return [
-        RunningAttempt(job, attempt, tuple(sorted(held.get(attempt.id, ()))))
-        for job in jobs
-        if job.current_attempt_id is not None
-        and (attempt := attempts.get(job.current_attempt_id)) is not None
-        and attempt.id is not None
+        RunningAttempt(job, attempt, tuple(sorted(held.get(attempt.id or 0, ()))))
+        for job, attempt in pairs
     ]
 
 

@@ -46,12 +46,12 @@ def plan_and_start(session: Session, settings: ServerSettings) -> Outcome:
     survey = survey_queue(session, queries.queued_jobs(session=session), now)
     next_due = survey.next_due
     head = survey.head
-    if settings.preemption and head is not None and survey.running is not None:
+    if settings.preemption and head is not None and survey.stopping is not None:
         decision = survey.decisions[head.id]
         if isinstance(decision, Pending) and decision.code is PendingCode.WAITING_FOR_SLOTS:
             assert survey.nodes is not None
             preempting = preempt_for(
-                session, settings, head, decision, survey.nodes, survey.running, now
+                session, settings, head, decision, survey.nodes, survey.stopping, now
             )
             if preempting.pending is not None:
                 survey.decisions[head.id] = preempting.pending
@@ -108,14 +108,15 @@ def preempt_for(
     head: QueuedJob,
     waiting: Pending,
     nodes: list[NodeCapacity],
-    running: list[RunningAttempt],
+    stopping: list[RunningAttempt],
     now: datetime,
 ) -> Preempting:
     """Ask the running jobs that ``head`` (the first job waiting for slots)
     may preempt to stop at a step, if stopping them makes room for it
-    (api/preemption.py chooses). Jobs asked to stop already are counted as
-    gone: their slots are on their way."""
-    after_stops = freed(nodes, [r.node_ids for r in running if r.attempt.stop_reason is not None])
+    (api/preemption.py chooses). Jobs asked to stop already (``stopping``)
+    are counted as gone: their slots are on their way."""
+    after_stops = freed(nodes, [r.node_ids for r in stopping])
+    running = queries.running_attempts(session=session, below_priority=head.priority)
     candidates = [
         RunningJob(
             job_id=r.job.id,
@@ -151,8 +152,8 @@ def preempt_for(
                 victim,
                 jobs[victim].priority,
             )
-    stopping = [r.job.id for r in running if r.attempt.stop_detail == _by(head.id)]
-    return Preempting(_preempting(head, waiting, [*stopping, *choice.victims]), None)
+    mine = [r.job.id for r in stopping if r.attempt.stop_detail == _by(head.id)]
+    return Preempting(_preempting(head, waiting, [*mine, *choice.victims]), None)
 
 
 # Who the audit log says preempted a job: the server's own scheduler.
@@ -177,15 +178,16 @@ def _preempting(head: QueuedJob, waiting: Pending, victims: Iterable[int | None]
 
 
 def _being_preempted(
-    head: QueuedJob, waiting: Pending, nodes: list[NodeCapacity], running: list[RunningAttempt]
+    head: QueuedJob, waiting: Pending, nodes: list[NodeCapacity], stopping: list[RunningAttempt]
 ) -> Pending | None:
     """``head``'s reason while the jobs it preempted stop: once they have,
     it fits (else it is still waiting for slots, and may preempt more)."""
-    mine = [r.job.id for r in running if r.attempt.stop_detail == _by(head.id)]
+    mine = [r.job.id for r in stopping if r.attempt.stop_detail == _by(head.id)]
     if not mine:
         return None
-    stopping = [r.node_ids for r in running if r.attempt.stop_reason is not None]
-    if not isinstance(place_gang(head.spec, freed(nodes, stopping)), Placement):
+    if not isinstance(
+        place_gang(head.spec, freed(nodes, [r.node_ids for r in stopping])), Placement
+    ):
         return None
     return _preempting(head, waiting, mine)
 
@@ -224,7 +226,7 @@ def schedule_submitted(session: Session, job: Job, settings: ServerSettings) -> 
 def _may_preempt(session: Session, priority: int) -> bool:
     """Whether any running job has a lower priority than a job just
     submitted: then it may preempt (the whole queue is planned to see)."""
-    return any(r.job.priority < priority for r in queries.running_attempts(session=session))
+    return bool(queries.running_attempts(session=session, below_priority=priority))
 
 
 @dataclass(frozen=True)
@@ -239,9 +241,9 @@ class QueueSurvey:
     # (nothing to place: the nodes were not read).
     nodes: list[NodeCapacity] | None
     # The first job waiting for slots (it may preempt), and the running
-    # jobs then (read only when there is such a job).
+    # jobs asked to stop at a step (read only when there is such a job).
     head: QueuedJob | None = None
-    running: list[RunningAttempt] | None = None
+    stopping: list[RunningAttempt] | None = None
 
 
 def survey_queue(session: Session, jobs: list[QueuedJob], now: datetime) -> QueueSurvey:
@@ -286,12 +288,12 @@ def survey_queue(session: Session, jobs: list[QueuedJob], now: datetime) -> Queu
     )
     if head is None:
         return QueueSurvey(jobs, decisions, next_due, nodes)
-    running = queries.running_attempts(session=session)
+    stopping = queries.running_attempts(session=session, stopping=True)
     waiting = decisions[head.id]
     assert isinstance(waiting, Pending)
-    if (pending := _being_preempted(head, waiting, nodes, running)) is not None:
+    if (pending := _being_preempted(head, waiting, nodes, stopping)) is not None:
         decisions[head.id] = pending
-    return QueueSurvey(jobs, decisions, next_due, nodes, head, running)
+    return QueueSurvey(jobs, decisions, next_due, nodes, head, stopping)
 
 
 def free_capacity(session: Session) -> list[NodeCapacity]:
