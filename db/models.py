@@ -160,7 +160,8 @@ class Attempt(SQLModel, table=True):
     )
     stop_detail: str | None = None
     stop_requested_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
-    stop_deadline_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # Indexed: the clock looks each turn for attempts still going past it.
+    stop_deadline_at: datetime | None = Field(default=None, index=True, sa_type=UTCDateTime)
     # The step its machine 0 stopped at (when it stopped at one).
     stopped_at_step: int | None = None
 

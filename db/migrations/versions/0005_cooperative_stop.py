@@ -43,6 +43,7 @@ def upgrade() -> None:
     with op.batch_alter_table("attempt") as batch:
         for name, type_ in ATTEMPT_COLUMNS:
             batch.add_column(sa.Column(name, type_, nullable=True))
+    op.create_index("ix_attempt_stop_deadline_at", "attempt", ["stop_deadline_at"])
     with op.batch_alter_table("node") as batch:
         for name, type_ in NODE_COLUMNS:
             batch.add_column(sa.Column(name, type_, nullable=True))
@@ -58,6 +59,7 @@ def downgrade() -> None:
     with op.batch_alter_table("node") as batch:
         for name, _ in reversed(NODE_COLUMNS):
             batch.drop_column(name)
+    op.drop_index("ix_attempt_stop_deadline_at", table_name="attempt")
     with op.batch_alter_table("attempt") as batch:
         for name, _ in reversed(ATTEMPT_COLUMNS):
             batch.drop_column(name)
