@@ -190,9 +190,9 @@ def test_a_script_that_never_asks_is_stopped_after_its_grace_and_resumes_from_it
 def test_the_dashboard_names_whom_a_job_preempts_and_why_each_attempt_ended(
     jobs: Jobs, cluster: LocalCluster, page: Any
 ) -> None:
-    # A script that never asks, with 15 s to stop: long enough to see the
+    # A script that never asks, with 10 s to stop: long enough to see the
     # preemptor waiting on the queue page.
-    victim = jobs.submit(**counted(400, "--steps-per-epoch", "20"), stop_grace_s=15)
+    victim = jobs.submit(**counted(200, "--steps-per-epoch", "20"), stop_grace_s=10)
     jobs.wait(
         victim,
         lambda j: ((j["progress"] or {}).get("step") or 0) >= 25,
