@@ -191,8 +191,9 @@ def test_the_dashboard_names_whom_a_job_preempts_and_why_each_attempt_ended(
     jobs: Jobs, cluster: LocalCluster, page: Any
 ) -> None:
     # A script that never asks, with 10 s to stop: long enough to see the
-    # preemptor waiting on the queue page.
-    victim = jobs.submit(**counted(200, "--steps-per-epoch", "20"), stop_grace_s=10)
+    # preemptor waiting on the queue page, and shorter than what is left of
+    # its 400 steps (20 s), so it is stopped rather than done.
+    victim = jobs.submit(**counted(400, "--steps-per-epoch", "20"), stop_grace_s=10)
     jobs.wait(
         victim,
         lambda j: ((j["progress"] or {}).get("step") or 0) >= 25,
