@@ -6,10 +6,12 @@ torchrun_mlp.py` and as a ddpo job:
     {"script": {"path": "torchrun_mlp.py", "args": ["--epochs", "3"]},
      "topology": {"num_machines": 2, "num_processes": 1}, "max_restarts": 1}
 
-Two ddpo calls, both harmless elsewhere: ``ddpo.report`` sends rank 0's
-loss and accuracy to the job (under torchrun it prints them), and
+Three ddpo calls, all harmless elsewhere: ``ddpo.report`` sends rank 0's
+loss and accuracy to the job (under torchrun it prints them),
 ``ddpo.save_checkpoint`` marks what rank 0 wrote to ``ddpo.checkpoint_dir()``
-as the checkpoint a retry resumes from.
+as the checkpoint a retry resumes from, and ``ddpo.should_stop`` says when
+the job is asked to stop (preempted, drained): it then saves at that step
+and exits, and its next attempt carries on from the step after it.
 """
 
 from __future__ import annotations
@@ -65,15 +67,18 @@ def main() -> None:
     ).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     state_file = ddpo.checkpoint_dir() / "state.pt"
-    first_epoch = 1
+    first_epoch, first_step = 1, 1
     if ddpo.resume_epoch() is not None and state_file.exists():
         state = torch.load(state_file, map_location="cpu", weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        first_epoch = state["epoch"] + 1
+        # Saved at the end of an epoch, or at a step within it (stopped).
+        first_epoch = state["epoch"] + (0 if state.get("step") else 1)
+        first_step = state.get("step", 0) + 1
     print(
         f"rank {rank} of {world} (local {local_rank}, machine "
-        f"{os.environ.get('GROUP_RANK', 0)}): epochs {first_epoch}..{args.epochs}",
+        f"{os.environ.get('GROUP_RANK', 0)}): epochs {first_epoch}..{args.epochs}, "
+        f"from step {first_step}",
         flush=True,
     )
     ddp = DistributedDataParallel(model)
@@ -82,7 +87,7 @@ def main() -> None:
         # Each rank its own share of this epoch's shuffle, as DistributedSampler does.
         order = torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(epoch))
         mine = order[rank::world]
-        for step in range(1, args.steps_per_epoch + 1):
+        for step in range(first_step if epoch == first_epoch else 1, args.steps_per_epoch + 1):
             start = ((step - 1) * args.batch_size) % (len(mine) - args.batch_size)
             batch = mine[start : start + args.batch_size]
             logits = ddp(x[batch].to(device))
@@ -102,16 +107,35 @@ def main() -> None:
                     accuracy=accuracy.item(),
                 )
             time.sleep(args.step_seconds)
+            # Every rank asks at the same step; they all get the same answer.
+            if step < args.steps_per_epoch and ddpo.should_stop():
+                if rank == 0:
+                    save(state_file, model, optimizer, epoch, step)
+                    ddpo.save_checkpoint(
+                        epoch=epoch, step=(epoch - 1) * args.steps_per_epoch + step
+                    )
+                dist.barrier()
+                dist.destroy_process_group()
+                return
         if rank == 0:
-            state = {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "epoch": epoch,
-            }
-            torch.save(state, state_file)
+            save(state_file, model, optimizer, epoch)
             ddpo.save_checkpoint(epoch=epoch)
         dist.barrier()
     dist.destroy_process_group()
+
+
+def save(
+    path: os.PathLike[str],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    epoch: int,
+    step: int | None = None,
+) -> None:
+    """The whole state; ``step``: saved within ``epoch``, after that step."""
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
+    if step is not None:
+        state["step"] = step
+    torch.save(state, path)
 
 
 if __name__ == "__main__":
