@@ -140,3 +140,57 @@ def test_a_run_stopped_at_a_step_and_resumed_ends_as_one_never_stopped(
     # The result too: the last epoch's loss is carried across the stop.
     for key in ("train_loss", "test_loss", "test_accuracy"):
         assert resumed["result"][key] == whole["result"][key], key
+
+
+def test_a_plugin_that_asks_stops_at_its_step_and_resumes_exactly(
+    tmp_path: Path, example_site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example plugin (examples/charlm) asks ``ctx.should_stop()`` every
+    step: stopped after step 4 of epoch 2 and resumed from its checkpoint,
+    it ends with the model it ends with unstopped (one rank, gloo)."""
+    monkeypatch.syspath_prepend(str(example_site))
+    import ddpo_charlm
+
+    spec = JobSpec(trainer="charlm", epochs=2, batch_size=16, max_steps_per_epoch=12, seed=1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    try:
+
+        def train(folder: Path, stop_at: int | None = None, resume: Path | None = None) -> Any:
+            folder.mkdir()
+            asked = 0
+
+            def should_stop() -> bool:
+                nonlocal asked
+                asked += 1
+                return stop_at is not None and asked >= stop_at
+
+            return ddpo_charlm.train(
+                TrainContext(
+                    spec=spec,
+                    rank=0,
+                    local_rank=0,
+                    world_size=1,
+                    machine_id=0,
+                    device=torch.device("cpu"),
+                    data_dir=folder,
+                    started_at=perf_counter(),
+                    checkpoint=functools.partial(checkpoints.save, folder, spec=spec),
+                    resume=resume,
+                    should_stop=should_stop,
+                    params=ddpo_charlm.TRAINER.params_of(spec),
+                )
+            )
+
+        train(tmp_path / "whole")
+        # Asked at its 15th question: 11 in epoch 1 (none at its last step), 4 in epoch 2.
+        assert train(tmp_path / "stopped", stop_at=15) is None
+        saved = runfiles.newest_saved(tmp_path / "stopped")
+        assert saved is not None and (saved.epoch, saved.step) == (2, 16)
+        train(tmp_path / "resumed", resume=saved.path)
+    finally:
+        dist.destroy_process_group()
+    ends = [runfiles.latest_checkpoint(tmp_path / name) for name in ("whole", "resumed")]
+    models = [torch.load(end[0], weights_only=True)["model"] for end in ends if end is not None]
+    assert len(models) == 2 and assert_same_tensors(*models) >= 4

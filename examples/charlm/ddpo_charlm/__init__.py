@@ -74,7 +74,7 @@ def windows(
     return x, ids[starts + context]
 
 
-def train(ctx: TrainContext) -> TrainResult:
+def train(ctx: TrainContext) -> TrainResult | None:
     params: CharLMParams = ctx.params
     spec = ctx.spec
     text = corpus()
@@ -86,18 +86,23 @@ def train(ctx: TrainContext) -> TrainResult:
     torch.manual_seed(spec.seed)  # the same initial weights on every rank
     model = CharMLP(len(vocab), params).to(ctx.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=params.learning_rate)
-    first_epoch = 1
+    # Where it starts: a retry after an epoch's checkpoint, or the step a
+    # stop's checkpoint was taken at (asked to stop: preempted, drained).
+    start = checkpoints.ResumePoint(1, 0, 0.0)
     if ctx.resume is not None:
-        first_epoch = checkpoints.restore(ctx.resume, model, optimizer) + 1
+        start = checkpoints.resume(ctx.resume, model, optimizer)
     ddp = DistributedDataParallel(model)
     steps = min(params.steps_per_epoch, spec.max_steps_per_epoch or params.steps_per_epoch)
     setup_seconds = perf_counter() - ctx.started_at
     train_started = perf_counter()
     last_loss = float("nan")
-    for epoch in range(first_epoch, spec.epochs + 1):
+    for epoch in range(start.epoch, spec.epochs + 1):
         generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + epoch * 1009 + ctx.rank)
+        first = start.batches_done if epoch == start.epoch else 0
+        for _ in range(first):  # the batches trained before the stop, drawn again
+            windows(train_ids, params.context, spec.batch_size, generator)
         epoch_started = perf_counter()
-        for step in range(1, steps + 1):
+        for step in range(first + 1, steps + 1):
             x, y = windows(train_ids, params.context, spec.batch_size, generator)
             logits = ddp(x.to(ctx.device))
             loss = F.cross_entropy(logits, y.to(ctx.device))
@@ -119,6 +124,16 @@ def train(ctx: TrainContext) -> TrainResult:
                         "char_accuracy": accuracy,
                     },
                 )
+            # Every rank asks at every step; all get the same answer.
+            if step < steps and ctx.should_stop():
+                ctx.checkpoint(
+                    model=model,
+                    optimizer=optimizer,
+                    epoch=epoch,
+                    step=(epoch - 1) * steps + step,
+                    batches_done=step,
+                )
+                return None
         ctx.checkpoint(model=model, optimizer=optimizer, epoch=epoch, step=epoch * steps)
     train_seconds = perf_counter() - train_started
 
