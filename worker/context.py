@@ -36,8 +36,9 @@ class TrainContext:
     # report(epoch=, batch=, batches_per_epoch=, loss=, samples_per_sec=,
     # [step=, metrics={name: value}]); a no-op on every rank but 0.
     report: Callable[..., None] = _nothing
-    # checkpoint(model=, optimizer=, epoch=, step=) at the end of an epoch;
-    # a no-op on every rank but 0.
+    # checkpoint(model=, optimizer=, epoch=, step=) at the end of an epoch,
+    # or with batches_done= (the batches of ``epoch`` trained) where the job
+    # stopped when asked (should_stop); a no-op on every rank but 0.
     checkpoint: Callable[..., None] = _nothing
     # A checkpoint to continue from, or None to start afresh.
     resume: Path | None = None
@@ -47,10 +48,11 @@ class TrainContext:
     # The job's params as an instance of the trainer's params model (None
     # when it declares none).
     params: Any = None
-    # should_stop(): whether the job has been asked to stop, agreed by every
-    # rank (worker/stopping.py): call it at the same point of every step on
-    # every rank (it is a collective every few calls); when it says so,
-    # checkpoint at this step and return.
+    # should_stop(): whether the job has been asked to stop (preempted,
+    # drained), agreed by every rank (worker/stopping.py): call it at the
+    # same point of every step on every rank (it is a collective every few
+    # calls); when it says so, checkpoint at this step and return (the
+    # part then ends "stopped", and the next attempt resumes from it).
     should_stop: Callable[[], bool] = _never
 
     @property

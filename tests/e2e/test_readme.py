@@ -43,7 +43,7 @@ def shell_blocks(heading: str) -> list[str]:
 
 @contextlib.contextmanager
 def kept_cluster(
-    mnist_dir: Path, cwd: Path, monkeypatch: pytest.MonkeyPatch
+    mnist_dir: Path, cwd: Path, monkeypatch: pytest.MonkeyPatch, **settings: str
 ) -> Iterator[tuple[dict[str, str], kept.KeptCluster]]:
     """README's first terminal: ``ddpo local-cluster --keep --workers 2``, as
     written in its curl section; the environment of the second terminal."""
@@ -58,6 +58,8 @@ def kept_cluster(
         "DDPO_CLUSTER_FILE": str(cwd / "cluster.json"),
         "PYTHONPATH": str(REPO),
     }
+    # ``settings``: the server's (the cluster's processes inherit them).
+    env.update(settings)
     monkeypatch.setenv("DDPO_CLUSTER_FILE", env["DDPO_CLUSTER_FILE"])
     with subprocess.Popen(
         ["bash", "-c", f"exec {start}"],
@@ -189,12 +191,17 @@ def test_readmes_scaling_study_lines_work_as_written(
     )  # ddpo study, local-cluster
 
 
-@pytest.mark.timeout(600)  # the urgent job waits out the long one's minimum run time (60 s)
+@pytest.mark.timeout(600)
 def test_readmes_preemption_and_drain_lines_work_as_written(
     mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (block,) = shell_blocks(PREEMPTION)
-    with kept_cluster(mnist_dir, tmp_path, monkeypatch) as (env, found):
+    # The lines as written; the server does not make the urgent job wait out
+    # the long one's minimum run time (60 s: tests/api/test_preemption.py).
+    with kept_cluster(mnist_dir, tmp_path, monkeypatch, DDPO_PREEMPTION_MIN_RUN_S="0") as (
+        env,
+        found,
+    ):
         prelude = f"source local-cluster/tokens.env\nsource {sys.prefix}/bin/activate"
         shown = run_block(prelude, block, tmp_path, env, timeout_s=480)
         headers = {"Authorization": f"Bearer {found.token}"}
