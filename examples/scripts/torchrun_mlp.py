@@ -77,8 +77,8 @@ def main() -> None:
         first_step = state.get("step", 0) + 1
     print(
         f"rank {rank} of {world} (local {local_rank}, machine "
-        f"{os.environ.get('GROUP_RANK', 0)}): epochs {first_epoch}..{args.epochs}, "
-        f"from step {first_step}",
+        f"{os.environ.get('GROUP_RANK', 0)}): epochs {first_epoch}..{args.epochs}"
+        + (f", from step {first_step}" if first_step > 1 else ""),
         flush=True,
     )
     ddp = DistributedDataParallel(model)
