@@ -4,10 +4,14 @@ A job whose ``topology.num_machines`` is a range (``{"min": 2, "max": 4}``)
 starts once ``min`` machines fit and takes up to ``max``; it shrinks to the
 survivors when a node is lost (if they are still ``min`` or more) and grows
 onto free nodes that no queued job of its priority or a higher one needs,
-at most once per resize interval. Each resize is a cooperative stop (reason
-``resized``) and a new attempt of the new size, from the latest checkpoint;
-none uses a restart. The per-process batch stays: the global batch is
-``batch_size x num_processes x machines`` of each attempt.
+at most once per resize interval. Growing is a cooperative stop (reason
+``resized``) and a new attempt on more machines from that step's
+checkpoint; shrinking is a new attempt on the machines left from the
+latest checkpoint (a lost rank agrees on no step: ``checkpoint_every_steps``
+bounds what is trained again). Neither uses a restart. The per-process
+batch stays: the global batch is ``batch_size x num_processes x machines``
+of each attempt, and a resized run picks its epoch up where its samples
+left off (worker/checkpoints.py, resumed_batches).
 
 Beside api/scheduling.py's plan and api/preemption.py's choice, on their
 terms (one free slot on each of M distinct suitable nodes).
@@ -18,6 +22,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+
+from api.schemas import Topology
+
+# The stop detail of an elastic job's attempt that ended because one of its
+# machines went away (reason resized; the attempt keeps the failure).
+SHRUNK = "a machine lost"
 
 
 @dataclass(frozen=True)
@@ -30,6 +40,13 @@ class Size:
     def __post_init__(self) -> None:
         if not 1 <= self.min <= self.max:
             raise ValueError(f"an elastic size needs 1 <= min <= max, not {self.min}..{self.max}")
+
+
+def size_of(topology: Topology) -> Size | None:
+    """An elastic topology's range; None for a job of one size."""
+    if topology.max_machines is None:
+        return None
+    return Size(topology.num_machines, topology.max_machines)
 
 
 def start_size(size: Size, free_suitable: int) -> int | None:
@@ -80,13 +97,3 @@ def grow_to(
     if last_resized_at is not None and (now - last_resized_at).total_seconds() < interval_s:
         return None
     return min(size.max, running + spare_nodes)
-
-
-def resumed_batches(batches_done: int, old_world: int, new_world: int) -> int:
-    """The batches of an epoch already trained, in a new world size's
-    batches: the samples seen (``batches_done`` global batches of the old
-    world) over the new global batch, rounded down, so that no sample of
-    the epoch is skipped (a few may be trained twice)."""
-    if batches_done < 0 or old_world < 1 or new_world < 1:
-        raise ValueError("batches and world sizes count from 0 and 1")
-    return batches_done * old_world // new_world

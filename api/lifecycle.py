@@ -243,6 +243,9 @@ class PendingCode(Named):
     QUEUED_BEHIND = "queued_behind"  # a job ahead of it waits for slots (no backfill)
     STUDY_ORDER = "study_order"  # the study's job before it has not ended
     RETRY_BACKOFF = "retry_backoff"  # a restart waits out its backoff
+    # An elastic job waits for its last attempt's machines to stop, to start
+    # again on all of those left (not on the first one free).
+    RESIZING = "resizing"
     STARTING = "starting"  # it fits now: placed at the server's next turn
     # Jobs of a lower priority are stopping (at a step, checkpointing) to make room.
     PREEMPTING = "preempting"

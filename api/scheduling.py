@@ -8,7 +8,7 @@ transaction, so a job is either placed on all of its machines or on none.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
@@ -124,7 +124,8 @@ def _counts(
 
 
 def place_gang(spec: JobSpec, nodes: Sequence[NodeCapacity]) -> Placement | Pending:
-    """M distinct suitable nodes with a free slot each, or why not."""
+    """M distinct suitable nodes with a free slot each, or why not (an
+    elastic job: at least its min, as many as are free up to its max)."""
     machines = spec.topology.num_machines
     suitable, free = _suitable_and_free(spec, nodes)
     counts = _counts(spec, nodes, suitable, free)
@@ -142,9 +143,19 @@ def place_gang(spec: JobSpec, nodes: Sequence[NodeCapacity]) -> Placement | Pend
             f"suitable node(s) have a free slot",
             **counts,
         )
+    # An elastic job takes every free suitable node, up to its max.
+    machines = min(len(free), spec.topology.most_machines)
     # Spread load: the emptiest nodes first, then the oldest, for stable picks.
     chosen = heapq.nsmallest(machines, free, key=lambda n: (-n.free_slots, n.node_id))
     return Placement(tuple(n.node_id for n in chosen))
+
+
+def free_suitable(
+    spec: JobSpec, nodes: Sequence[NodeCapacity], excluding: Collection[int] = ()
+) -> list[NodeCapacity]:
+    """The nodes with a free slot that could run a machine of ``spec``,
+    but for ``excluding`` (those it runs on already: a machine per node)."""
+    return [n for n in _suitable_and_free(spec, nodes)[1] if n.node_id not in excluding]
 
 
 def plan(

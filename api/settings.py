@@ -67,6 +67,13 @@ class ServerSettings(BaseSettings):
         description="A job's attempt is never preempted before it has run this long (against "
         "thrashing: a job stopped as soon as it started has only paid to start)",
     )
+    resize_interval_s: float = Field(
+        120.0,
+        ge=0,
+        description="An elastic job grows onto free nodes at most once in this long (each "
+        "resize stops it at a step and starts it again on more machines: growing at every "
+        "free node would cost more than it buys)",
+    )
     stop_grace_s: float = Field(
         120.0,
         ge=0,

@@ -8,6 +8,7 @@ from datetime import datetime
 
 from sqlmodel import Session
 
+from api import elastic
 from api.core.errors import NotFound
 from api.core.placement import free_capacity, survey_queue
 from api.lifecycle import JobStatus, NodeState, PendingCode, describe_stop, study_status
@@ -64,9 +65,12 @@ def job_public(
         queue_position=queued.position if queued else None,
         pending=queued.pending if queued else None,
         spec=job.spec,
-        world_size=job.spec.topology.world_size,
+        world_size=_machines(job, attempt) * job.spec.topology.num_processes,
         attempt=attempt.number if attempt else 0,
-        attempts=[_attempt_public(job, a) for a in attempts],
+        attempts=[
+            _attempt_public(job, a, attempts[i + 1] if i + 1 < len(attempts) else None)
+            for i, a in enumerate(attempts)
+        ],
         master_addr=attempt.master_addr if attempt else None,
         master_port=attempt.master_port if attempt else None,
         parts=[_part_public(part, node) for part, node in parts],
@@ -131,13 +135,23 @@ def _timing_public(job: Job, now: datetime) -> public.TimingPublic:
     )
 
 
-def _attempt_public(job: Job, attempt: Attempt) -> public.AttemptPublic:
-    machines = attempt.num_machines or job.spec.topology.num_machines
+def _machines(job: Job, attempt: Attempt | None) -> int:
+    """Machines an attempt runs on (an elastic job's vary)."""
+    if attempt is None or attempt.num_machines is None:
+        return job.spec.topology.num_machines
+    return attempt.num_machines
+
+
+def _attempt_public(job: Job, attempt: Attempt, following: Attempt | None) -> public.AttemptPublic:
+    machines = _machines(job, attempt)
+    world_size = machines * job.spec.topology.num_processes
     return public.AttemptPublic(
         number=attempt.number,
         started_at=attempt.created_at,
         finished_at=attempt.finished_at,
-        world_size=machines * job.spec.topology.num_processes,
+        num_machines=machines,
+        world_size=world_size,
+        global_batch=world_size * job.spec.batch_size,
         resumed_from_epoch=attempt.resumed_from_epoch,
         resumed_from_step=attempt.resumed_from_step,
         error=attempt.error,
@@ -152,14 +166,20 @@ def _attempt_public(job: Job, attempt: Attempt) -> public.AttemptPublic:
         and attempt.stop_deadline_at is not None
         else None,
         stopped_at_step=attempt.stopped_at_step,
-        ended=attempt_ending(job, attempt),
+        ended=attempt_ending(job, attempt, following),
     )
 
 
-def attempt_ending(job: Job, attempt: Attempt) -> str | None:
-    """Why an attempt ended, in words (None while it runs)."""
+def attempt_ending(job: Job, attempt: Attempt, following: Attempt | None = None) -> str | None:
+    """Why an attempt ended, in words (None while it runs); ``following``,
+    the attempt after it, says what an elastic job resized to."""
     if attempt.finished_at is None:
         return None
+    if attempt.stop_detail == elastic.SHRUNK and attempt.error is not None:
+        words = f"resized after a lost machine ({attempt.error.reason})"
+        if following is not None:
+            words += f", {_machines(job, attempt)} -> {_machines(job, following)}"
+        return words
     if (
         attempt.stop_reason is not None
         and attempt.error is None

@@ -46,9 +46,11 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--machines",
-        type=int,
+        type=_machines,
         default=defaults.topology.num_machines,
-        help="num_machines: nodes the job spans",
+        metavar="N|MIN:MAX",
+        help="num_machines: nodes the job spans; MIN:MAX makes it elastic (it starts on as "
+        "many as are free, shrinks past a lost node, grows onto free ones)",
     )
     group.add_argument(
         "--processes",
@@ -72,6 +74,14 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--max-steps-per-epoch", type=int, default=None, help="cut epochs short (smoke runs)"
+    )
+    group.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        metavar="STEPS",
+        help="checkpoint_every_steps: also checkpoint within epochs, so a lost node costs at "
+        "most this many steps",
     )
     group.add_argument(
         "--max-restarts",
@@ -124,6 +134,17 @@ def _json_object(text: str) -> dict[str, object]:
     return value
 
 
+def _machines(text: str) -> int | dict[str, int]:
+    """N, or MIN:MAX (an elastic job's range); the server checks the bounds."""
+    low, colon, high = text.partition(":")
+    try:
+        if not colon:
+            return int(text)
+        return {"min": int(low), "max": int(high)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not N or MIN:MAX") from None
+
+
 def _param(text: str) -> tuple[str, object]:
     name, equals, raw = text.partition("=")
     if not equals or not name:
@@ -156,6 +177,8 @@ def spec_from_args(args: argparse.Namespace) -> dict[str, object]:
         spec["name"] = args.name
     if args.max_steps_per_epoch is not None:
         spec["max_steps_per_epoch"] = args.max_steps_per_epoch
+    if args.checkpoint_every is not None:
+        spec["checkpoint_every_steps"] = args.checkpoint_every
     if args.max_run_seconds is not None:
         spec["max_run_seconds"] = args.max_run_seconds
     if args.not_preemptible:

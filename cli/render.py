@@ -10,7 +10,14 @@ from datetime import datetime, timezone
 from typing import ParamSpec
 
 from api.lifecycle import JobStatus, NodeState, StopReason
-from api.schemas import JobPublic, JobsPublic, NodePublic, NodesPublic, StudyPublic
+from api.schemas import (
+    JobPublic,
+    JobsPublic,
+    NodePublic,
+    NodesPublic,
+    StudyPublic,
+    Topology,
+)
 from api.schemas.people import AuditPublic, KeysPublic
 from api.schemas.public import QueuePublic, TrainersPublic
 from cli.terminal import one_line, shown
@@ -74,7 +81,7 @@ def jobs_table(jobs: JobsPublic) -> str:
             else "-"
         )
         lines.append(
-            f"{job.id:>5}  {job.status.value:<10} {f'{t.num_machines} x {t.num_processes}':<9} "
+            f"{job.id:>5}  {job.status.value:<10} {f'{_machines(t)} x {t.num_processes}':<9} "
             f"{job.spec.batch_size:>5} {job.spec.epochs:>6} {progress:>8} "
             f"{duration(job.timing.running_seconds):>9} {accuracy:>8}  {job.owner or '-':<14} "
             f"{one_line(job.name or '')}"
@@ -164,6 +171,13 @@ def trainers_table(offered: TrainersPublic) -> str:
     return "\n".join(lines)
 
 
+def _machines(topology: Topology) -> str:
+    """3, or an elastic job's range: 1-3."""
+    if topology.max_machines is None:
+        return str(topology.num_machines)
+    return f"{topology.num_machines}-{topology.max_machines}"
+
+
 def _s(value: float | None) -> str:
     return f"{value:.1f} s" if value is not None else "-"
 
@@ -173,7 +187,7 @@ def summary(job: JobPublic) -> str:
     t = job.timing
     topology = job.spec.topology
     lines = [
-        f"job {job.id} {job.status.value}: {topology.num_machines} machine(s) x "
+        f"job {job.id} {job.status.value}: {_machines(topology)} machine(s) x "
         f"{topology.num_processes} process(es), batch {job.spec.batch_size}/process, "
         f"{job.spec.epochs} epoch(s), {job.spec.backend}",
         "timing:",
@@ -202,7 +216,10 @@ def summary(job: JobPublic) -> str:
                 if a.stop
                 else "running"
             )
-            lines.append(f"  {a.number}: {a.world_size} rank(s), {start}: {one_line(now)}")
+            lines.append(
+                f"  {a.number}: {a.world_size} rank(s), global batch {a.global_batch}, {start}: "
+                f"{one_line(now)}"
+            )
     r = job.result
     if r is not None:
         if r.test_accuracy is not None:

@@ -326,6 +326,19 @@ def parts_by_ids(*, session: Session, part_ids: Iterable[int]) -> list[Part]:
     return list(session.exec(select(Part).where(col(Part.id).in_(ids))).all())
 
 
+def jobs_with_active_parts(*, session: Session, job_ids: Iterable[int]) -> set[int]:
+    """Of these jobs, those with a part whose processes may still run."""
+    ids = list(job_ids)
+    if not ids:
+        return set()
+    statement = (
+        select(Part.job_id)
+        .where(col(Part.job_id).in_(ids), col(Part.status).in_(ACTIVE_PART_STATUSES))
+        .distinct()
+    )
+    return set(session.exec(statement).all())
+
+
 def active_part_counts(*, session: Session) -> dict[int, int]:
     statement = (
         select(Part.node_id, func.count())

@@ -3,7 +3,8 @@ written by rank 0 at the end of each epoch, to a temporary file then renamed,
 so a crash never leaves half of one. Files are named by epoch and never
 rewritten (see runfiles.checkpoint_path).
 
-A job asked to stop (issue 28's cooperative stop) saves one in the middle
+A job asked to stop (issue 28's cooperative stop), or one that checkpoints
+every few steps (``checkpoint_every_steps``), saves one in the middle
 of an epoch: the same dict with ``batches_done``, the batches of ``epoch``
 already trained, and ``epoch_loss``, their summed loss, so that a run
 resumed from it trains the rest of that epoch and ends with the model a run
@@ -43,6 +44,9 @@ def save(
         "epoch": epoch,
         "step": step,
         "spec": spec.model_dump(mode="json"),
+        # The ranks that trained it: a run resumed on another number of
+        # machines (an elastic job) maps its position in the epoch.
+        "world_size": spec.topology.world_size,
         # Every rank draws the same dropout numbers (same seed, same shapes),
         # so rank 0's generator state is every rank's.
         "rng": torch.get_rng_state(),
@@ -61,10 +65,7 @@ def save(
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    if batches_done is None:
-        for older, older_epoch in runfiles.checkpoints(run_dir):
-            if older_epoch < epoch:
-                older.unlink(missing_ok=True)
+    runfiles.drop_older_checkpoints(run_dir, path)
     return path
 
 
@@ -78,12 +79,23 @@ class ResumePoint:
     epoch_loss: float
 
 
-def resume(path: Path, model: nn.Module, optimizer: optim.Optimizer) -> ResumePoint:
-    """Load a checkpoint, of a whole epoch or from a stop within one."""
+def resume(
+    path: Path, model: nn.Module, optimizer: optim.Optimizer, world_size: int | None = None
+) -> ResumePoint:
+    """Load a checkpoint, of a whole epoch or from a stop within one. Taken
+    by another number of ranks than ``world_size`` (an elastic job resized),
+    its position in the epoch is counted again in this world's batches, so
+    that no sample of the epoch is skipped."""
     state = _load(path, model, optimizer)
-    if "batches_done" in state:
-        return ResumePoint(state["epoch"], state["batches_done"], state["epoch_loss"] or 0.0)
-    return ResumePoint(state["epoch"] + 1, 0, 0.0)
+    if "batches_done" not in state:
+        return ResumePoint(state["epoch"] + 1, 0, 0.0)
+    done, loss = state["batches_done"], state["epoch_loss"] or 0.0
+    taken_by = state.get("world_size")
+    if world_size is not None and taken_by is not None and taken_by != world_size and done > 0:
+        mapped = resumed_batches(done, taken_by, world_size)
+        # The epoch's mean loss stays a mean over its batches.
+        loss, done = loss * mapped / done, mapped
+    return ResumePoint(state["epoch"], done, loss)
 
 
 def restore(path: Path, model: nn.Module, optimizer: optim.Optimizer) -> int:
@@ -102,3 +114,13 @@ def _load(path: Path, model: nn.Module, optimizer: optim.Optimizer) -> dict[str,
     if "cuda_rng" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda_rng"])
     return state
+
+
+def resumed_batches(batches_done: int, old_world: int, new_world: int) -> int:
+    """The batches of an epoch already trained, in a new world size's
+    batches: the samples seen (``batches_done`` global batches of the old
+    world) over the new global batch, rounded down, so that no sample of
+    the epoch is skipped (a few may be trained twice)."""
+    if batches_done < 0 or old_world < 1 or new_world < 1:
+        raise ValueError("batches and world sizes count from 0 and 1")
+    return batches_done * old_world // new_world

@@ -287,7 +287,7 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
 
     start = checkpoints.ResumePoint(1, 0, 0.0)
     if ctx.resume is not None:
-        start = checkpoints.resume(ctx.resume, model, optimizer)
+        start = checkpoints.resume(ctx.resume, model, optimizer, ctx.world_size)
     pace = Pace.of(spec, data, ctx.world_size)
 
     train_started = perf_counter()
@@ -378,6 +378,7 @@ def train_epoch(
     # the mean a run never stopped computes.
     epoch_loss = torch.tensor(start.epoch_loss, device=ctx.device)
     done = first
+    every = ctx.spec.checkpoint_every_steps
     for batch_idx, (images, target) in enumerate(batches, start=first):
         if batch_idx >= pace.batches_per_epoch:
             break
@@ -391,7 +392,18 @@ def train_epoch(
             rate = (done - window_done) * pace.samples_per_batch / max(now - window_started, 1e-9)
             window_started, window_done = now, done
             log_step(ctx, epoch, done, loss.item(), rate, pace)
-        if done < pace.batches_per_epoch and ctx.should_stop():
+        if done >= pace.batches_per_epoch:
+            continue
+        if every is not None and done % every == 0 and ctx.is_master:
+            ctx.checkpoint(
+                model=ddp.module,
+                optimizer=optimizer,
+                epoch=epoch,
+                step=(epoch - 1) * pace.batches_per_epoch + done,
+                batches_done=done,
+                epoch_loss=float(epoch_loss.item()),
+            )
+        if ctx.should_stop():
             return Trained(done, epoch_loss, stopped=True)
     return Trained(done, epoch_loss, stopped=False)
 

@@ -221,12 +221,27 @@ class Saved:
 
 def newest_saved(run_dir: Path) -> Saved | None:
     """The newest checkpoint in the run directory, of an epoch or a stop's."""
+    return max(_all_saved(run_dir), key=Saved.order, default=None)
+
+
+def _all_saved(run_dir: Path) -> list[Saved]:
     found = [Saved(path, epoch) for path, epoch in checkpoints(run_dir)]
     for entry in run_dir.iterdir() if run_dir.exists() else []:
         match = STOP_CHECKPOINT.match(entry.name)
         if match:
             found.append(Saved(entry, int(match.group(1)), int(match.group(2))))
-    return max(found, key=Saved.order, default=None)
+    return found
+
+
+def drop_older_checkpoints(run_dir: Path, newest: Path) -> None:
+    """Delete the checkpoints taken before ``newest`` (just written): only
+    the newest is ever uploaded or resumed from."""
+    saved = {s.path: s for s in _all_saved(run_dir)}
+    if newest not in saved:
+        return
+    for path, older in saved.items():
+        if older.order() < saved[newest].order():
+            path.unlink(missing_ok=True)
 
 
 def request_stop(run_dir: Path, reason: str, detail: str | None) -> None:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from sqlmodel import Session
+
 from api.core import lookup
 from api.core.context import Core
 from api.core.errors import Conflict, NotFound
@@ -94,6 +96,19 @@ def kept_position(job: Job) -> Position | None:
     return Position(job.checkpoint_epoch + 1, job.checkpoint_step)
 
 
+def _resumed_from(session: Session, attempt_id: int, job: Job) -> bool:
+    """Whether the kept checkpoint is the one this attempt started from:
+    anything it saves is newer, though an elastic job resized counts its
+    steps in batches of another size (a lower number may come later)."""
+    attempt = queries.get_attempt(session=session, attempt_id=attempt_id)
+    return (
+        attempt is not None
+        and attempt.num_machines is not None
+        and (attempt.resumed_from_epoch, attempt.resumed_from_step)
+        == (job.checkpoint_epoch, job.checkpoint_step)
+    )
+
+
 def check_upload(core: Core, part_id: int, node_id: int, at: Position) -> None:
     """Refuse an upload before its bytes are read: wrong node, not machine 0,
     an epoch the job does not have."""
@@ -135,7 +150,11 @@ def keep_checkpoint(
             job.current_attempt_id != part.attempt_id
             or job.status.is_terminal()
             or part.status.is_terminal()
-            or (kept is not None and at.order() < kept.order())
+            or (
+                kept is not None
+                and at.order() < kept.order()
+                and not _resumed_from(session, part.attempt_id, job)
+            )
         ):
             staged.unlink(missing_ok=True)
             return False

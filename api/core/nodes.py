@@ -374,12 +374,16 @@ def _to_stop(session: Session, node_id: int, mine: list[Part], reported: set[int
 def _assignment(session: Session, part: Part, attempt: Attempt) -> Assignment:
     job = queries.get_job(session=session, job_id=part.job_id)
     assert job is not None and part.id is not None
+    spec = job.spec
+    if attempt.num_machines is not None and attempt.num_machines != spec.topology.num_machines:
+        # An elastic job's attempt: its ranks see the world they run in.
+        spec = spec.model_copy(update={"topology": spec.topology.sized(attempt.num_machines)})
     return Assignment(
         part_id=part.id,
         job_id=part.job_id,
         attempt_id=part.attempt_id,
         machine_id=part.machine_id,
-        spec=job.spec,
+        spec=spec,
         master_addr=attempt.master_addr,
         master_port=attempt.master_port,
         resume_epoch=attempt.resumed_from_epoch,

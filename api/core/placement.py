@@ -5,18 +5,20 @@ pure)."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from sqlmodel import Session
 
+from api import elastic
 from api.core.people import Actor, record
 from api.core.settlement import set_job_status
 from api.core.stops import ask_to_stop
 from api.lifecycle import JobStatus, PendingCode, StopReason
 from api.preemption import RunningJob, freed, victims_for
-from api.scheduling import NodeCapacity, Pending, Placement, place_gang, plan
+from api.scheduling import NodeCapacity, Pending, Placement, free_suitable, place_gang, plan
 from api.schemas.people import AuditAction
 from api.settings import ServerSettings
 from db import queries
@@ -85,7 +87,62 @@ def plan_and_start(session: Session, settings: ServerSettings) -> Outcome:
             placed = True
         else:
             job.pending_reason = decision.reason
-    return Outcome(placed, next_due)
+    growing = grow_elastic(session, settings, survey, now)
+    return Outcome(placed, _earliest(next_due, growing))
+
+
+def grow_elastic(
+    session: Session, settings: ServerSettings, survey: QueueSurvey, now: datetime
+) -> datetime | None:
+    """Ask running elastic jobs below their max to stop at a step and start
+    again on more machines, when free nodes are spare: left free by this
+    plan and needed by no queued job of their priority or a higher one.
+    Returns when a job held back only by the resize interval may grow."""
+    nodes = survey.nodes if survey.nodes is not None else free_capacity(session)
+    taken = Counter(
+        node_id
+        for decision in survey.decisions.values()
+        if isinstance(decision, Placement)
+        for node_id in decision.node_ids
+    )
+    nodes = [replace(n, free_slots=n.free_slots - taken[n.node_id]) for n in nodes]
+    if not any(n.free_slots > 0 for n in nodes):
+        return None
+    growable = [
+        r
+        for r in queries.running_attempts(session=session)
+        if r.job.spec.topology.elastic and r.attempt.stop_reason is None
+    ]
+    if not growable:
+        return None
+    queued = {q.id: q for q in survey.jobs}
+    waiting = [
+        elastic.Waiting(queued[job_id].priority, queued[job_id].spec.topology.num_machines)
+        for job_id, decision in survey.decisions.items()
+        if isinstance(decision, Pending) and decision.code is not PendingCode.NO_SUITABLE_NODES
+    ]
+    due: datetime | None = None
+    # The highest priority first, then the oldest attempt.
+    for r in sorted(growable, key=lambda r: (-r.job.priority, r.attempt.created_at)):
+        size = elastic.size_of(r.job.spec.topology)
+        assert size is not None
+        running = r.attempt.num_machines or len(r.node_ids)
+        free = free_suitable(r.job.spec, nodes, excluding=r.node_ids)
+        spare = elastic.spare(len(free), waiting, r.job.priority)
+        target = elastic.grow_to(
+            size, running, spare, r.attempt.created_at, now, settings.resize_interval_s
+        )
+        if target is None:
+            if spare > 0 and running < size.max:
+                ready = r.attempt.created_at + timedelta(seconds=settings.resize_interval_s)
+                due = _earliest(due, ready)
+            continue
+        detail = f"{running} -> {target}"
+        if ask_to_stop(session, r.job, StopReason.RESIZED, detail, now, settings):
+            log.info("job %d grows (%s machines): it stops at a step first", r.job.id, detail)
+            grown = {n.node_id for n in free[: target - running]}
+            nodes = [replace(n, free_slots=n.free_slots - (n.node_id in grown)) for n in nodes]
+    return due
 
 
 def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
@@ -267,6 +324,14 @@ def survey_queue(session: Session, jobs: list[QueuedJob], now: datetime) -> Queu
     if not due:
         return QueueSurvey(jobs, decisions, next_due, None)
     nodes = free_capacity(session)
+    elastic_jobs = [job_id for job_id, j in due.items() if j.spec.topology.elastic]
+    for job_id in queries.jobs_with_active_parts(session=session, job_ids=elastic_jobs):
+        del due[job_id]
+        decisions[job_id] = Pending(
+            PendingCode.RESIZING,
+            "waiting for the machines of its last attempt to stop; it starts again on as "
+            "many as are free then",
+        )
     # A study's jobs run one after another: each waits for the one before.
     for job_id, before in queries.study_predecessors(session=session, jobs=due.values()).items():
         if not before.status.is_terminal():
@@ -337,6 +402,7 @@ def start(session: Session, job: Job, nodes: list[Node], now: datetime) -> None:
     # attempt: the first has none).
     attempt.resumed_from_epoch = job.checkpoint_epoch
     attempt.resumed_from_step = job.checkpoint_step
+    attempt.num_machines = len(nodes)
     if job.deadline_at is None and job.spec.max_run_seconds is not None:
         job.deadline_at = now + timedelta(seconds=job.spec.max_run_seconds)
     for machine_id, node in enumerate(nodes):

@@ -12,11 +12,13 @@ from datetime import datetime, timedelta
 
 from sqlmodel import Session
 
+from api import elastic
 from api.core import lookup
 from api.failures import FailureReason, names_the_cause
 from api.lifecycle import (
     JobStatus,
     PartStatus,
+    StopReason,
     backoff_seconds,
     describe_stop,
     move_job,
@@ -108,10 +110,55 @@ def settle(session: Session, job: Job, now: datetime, settings: ServerSettings) 
                 reason=FailureReason.PART_STOPPED, message="a part stopped without being asked to"
             )
         stop_active_parts(session, job)
+        if attempt is not None and shrinks(job, attempt, parts, now):
+            requeue_shrunk(session, job, attempt, now)
+            return
         if restarts_left(job, now):
             requeue(session, job, now, settings)
             return
     set_job_status(session, job, new, now)
+
+
+# Failures that say a machine went away (its node, its worker, or only that
+# a collective lost a peer): an elastic job carries on without it.
+MACHINE_LOST = frozenset(
+    {FailureReason.NODE_LOST, FailureReason.PEER_FAILURE, FailureReason.WORKER_SHUTDOWN}
+)
+
+
+def shrinks(job: Job, attempt: Attempt, parts: list[Part], now: datetime) -> bool:
+    """Whether this failed attempt of an elastic job is a resize, not a
+    failure: a machine went away and the rest are still its ``min`` or
+    more. The job goes on with the nodes left, from its latest checkpoint,
+    and uses no restart."""
+    size = elastic.size_of(job.spec.topology)
+    error = job.error
+    if size is None or error is None or error.reason not in MACHINE_LOST:
+        return False
+    if job.deadline_at is not None and job.deadline_at <= now:
+        return False
+    running = attempt.num_machines or len(parts)
+    lost = max(1, sum(p.status is PartStatus.LOST for p in parts))
+    return elastic.after_loss(size, running, lost) is not None
+
+
+def requeue_shrunk(session: Session, job: Job, attempt: Attempt, now: datetime) -> None:
+    """Back to the queue at once, at the job's place, to start again on the
+    nodes left (placement takes every free one up to ``max``). The attempt
+    keeps its error and is marked resized: it uses none of max_restarts,
+    unless a later report names a cause that is not a lost machine."""
+    assert job.error is not None
+    attempt.stop_reason = StopReason.RESIZED
+    attempt.stop_detail = elastic.SHRUNK
+    reason = job.error.reason
+    job.stopped_attempts += 1
+    set_job_status(session, job, JobStatus.QUEUED, now)  # keeps the error on the attempt
+    job.not_before = None
+    job.pending_reason = (
+        f"lost a machine ({reason}): resumes on the nodes left, {resumes_from(job)}"
+    )
+    job.error = None
+    log.warning("job %d attempt %d shrinks: %s", job.id, attempt.number, job.pending_reason)
 
 
 def restarts_left(job: Job, now: datetime) -> bool:
@@ -188,6 +235,12 @@ def explain_given_up_attempt(
     if not names_the_cause(error.reason, attempt.error.reason):
         return
     attempt.error = error
+    if attempt.stop_detail == elastic.SHRUNK and error.reason not in MACHINE_LOST:
+        # Taken for a lost machine, it was a rank's own failure: it is a
+        # restart after all (an elastic job that crashes is not resized
+        # forever).
+        attempt.stop_reason = attempt.stop_detail = None
+        job.stopped_attempts -= 1
     if not error.reason.is_retryable(error.exit_code):
         job.error = error
         set_job_status(session, job, JobStatus.FAILED, now)

@@ -85,7 +85,11 @@ class AttemptPublic(BaseModel):
     number: int
     started_at: datetime
     finished_at: datetime | None = None
+    num_machines: int = Field(description="Machines it ran on (an elastic job's vary)")
     world_size: int = Field(description="Ranks in this attempt")
+    global_batch: int = Field(
+        description="Samples per step over every rank: batch_size (per process) x world size"
+    )
     resumed_from_epoch: int | None = Field(None, description="The checkpoint it started from")
     resumed_from_step: int | None = Field(
         None, description="... a stop's, within the next epoch: the step it resumed after"

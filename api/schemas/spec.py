@@ -14,19 +14,94 @@ from api.failures import FailureReason
 from api.schemas.strict import MAX_WORLD_SIZE, NAME_PATTERN, Strict, check_json_data, read_back
 
 
+def _machines_schema(schema: dict[str, Any]) -> None:
+    """num_machines takes a number or, for an elastic job, a range."""
+    number = {k: schema.pop(k) for k in ("type", "minimum", "maximum", "default") if k in schema}
+    schema["anyOf"] = [
+        {k: v for k, v in number.items() if k != "default"},
+        {
+            "type": "object",
+            "properties": {
+                "min": {"type": "integer", "minimum": 1, "maximum": MAX_MACHINES},
+                "max": {"type": "integer", "minimum": 1, "maximum": MAX_MACHINES},
+            },
+            "required": ["min", "max"],
+            "additionalProperties": False,
+        },
+    ]
+    schema["default"] = number.get("default", 1)
+
+
+MAX_MACHINES = 64
+
+
 class Topology(Strict):
-    num_machines: int = Field(1, ge=1, le=64, description="Machines (nodes) the job spans")
+    num_machines: int = Field(
+        1,
+        ge=1,
+        le=MAX_MACHINES,
+        description='Machines (nodes) the job spans; a range ({"min": 2, "max": 4}) makes '
+        "the job elastic: it starts once `min` nodes are free, takes up to `max`, shrinks "
+        "past a lost node and grows onto free ones (stored as num_machines = min and "
+        "max_machines = max)",
+        json_schema_extra=_machines_schema,
+    )
+    max_machines: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_MACHINES,
+        # A job of one size reads as it always did.
+        exclude_if=lambda value: value is None,
+        description="Elastic: at most this many machines, num_machines the fewest; each "
+        "attempt runs on as many as are free (GET /jobs/{id} gives each attempt's world size)",
+    )
     num_processes: int = Field(1, ge=1, le=64, description="Training processes per machine")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_range_of_machines(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("num_machines"), dict):
+            return data
+        if data.get("max_machines") is not None:
+            raise ValueError("num_machines is a range: leave max_machines out")
+        given = data["num_machines"]
+        extra = sorted(set(given) - {"min", "max"})
+        if extra:
+            raise ValueError(f"num_machines: a range has min and max, not {', '.join(extra)}")
+        bounds = []
+        for end in ("min", "max"):
+            value = given.get(end)
+            if type(value) is not int or not 1 <= value <= MAX_MACHINES:
+                raise ValueError(f"num_machines.{end}: an integer from 1 to {MAX_MACHINES}")
+            bounds.append(value)
+        return {**data, "num_machines": bounds[0], "max_machines": bounds[1]}
+
+    @property
+    def elastic(self) -> bool:
+        return self.max_machines is not None
+
+    @property
+    def most_machines(self) -> int:
+        return self.num_machines if self.max_machines is None else self.max_machines
 
     @property
     def world_size(self) -> int:
         return self.num_machines * self.num_processes
 
+    def sized(self, machines: int) -> Topology:
+        """This topology on ``machines`` machines (an elastic job's attempt)."""
+        return self.model_copy(update={"num_machines": machines})
+
     @model_validator(mode="after")
     def _world_size_within_limit(self) -> Topology:
-        if self.world_size > MAX_WORLD_SIZE:
+        if self.max_machines is not None and self.max_machines < self.num_machines:
             raise ValueError(
-                f"world size {self.world_size} (num_machines x num_processes) "
+                f"num_machines: max {self.max_machines} is below min {self.num_machines}"
+            )
+        world = self.most_machines * self.num_processes
+        if world > MAX_WORLD_SIZE:
+            raise ValueError(
+                f"world size {world} (num_machines x num_processes) "
                 f"exceeds the limit of {MAX_WORLD_SIZE}"
             )
         return self
@@ -185,6 +260,15 @@ class JobSpec(Strict):
     )
     max_steps_per_epoch: int | None = Field(
         None, ge=1, le=10_000_000, description="Cut each epoch short (smoke runs)"
+    )
+    checkpoint_every_steps: int | None = Field(
+        None,
+        ge=1,
+        le=10_000_000,
+        description="Also checkpoint every this many steps within an epoch (the built-in "
+        "trainer; rank 0 uploads each): a lost node or a killed rank then costs at most "
+        "this many steps, not the rest of an epoch; none: at the end of each epoch and "
+        "when asked to stop",
     )
     performance: Performance = Field(default_factory=Performance)
     max_restarts: int = Field(

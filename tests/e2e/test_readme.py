@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -32,6 +33,7 @@ CLI = "### The command line"
 STUDIES = "### Scaling studies"
 PEOPLE = "### People: keys, owners and the audit log"
 PREEMPTION = "### Preemption, drain and stopping at a step"
+ELASTIC = "### Elastic jobs"
 
 
 def shell_blocks(heading: str) -> list[str]:
@@ -209,10 +211,12 @@ def test_readmes_preemption_and_drain_lines_work_as_written(
         urgent = httpx.get(f"{found.server}/jobs/2", headers=headers, timeout=10).json()
     assert "job 2 succeeded" in shown, shown  # the urgent job, followed with --wait
     preempted = re.search(
-        r"  1: 2 rank\(s\), from the start: preempted by job 2, stopped after step (\d+)", shown
+        r"  1: 2 rank\(s\), global batch \d+, from the start: preempted by job 2, stopped "
+        r"after step (\d+)",
+        shown,
     )
     assert preempted, shown
-    assert f"  2: 2 rank(s), from step {preempted.group(1)}" in shown, shown
+    assert f"  2: 2 rank(s), global batch 256, from step {preempted.group(1)}" in shown, shown
     assert re.search(r"node-1 .* (draining|drained) ", shown), shown
     assert long_job["status"] in ("cancelled", "cancelling"), long_job
     endings = [a["ended"] or "" for a in long_job["attempts"]]
@@ -220,3 +224,34 @@ def test_readmes_preemption_and_drain_lines_work_as_written(
     assert endings[1].startswith("drained (node node-1)"), endings
     assert long_job["spec"]["max_restarts"] == 0 and long_job["error"] is None
     assert urgent["status"] == "succeeded"
+
+
+@pytest.mark.timeout(600)
+def test_readmes_elastic_lines_work_as_written(
+    mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (block,) = shell_blocks(ELASTIC)
+    with kept_cluster(mnist_dir, tmp_path, monkeypatch, DDPO_RESIZE_INTERVAL_S="5") as (
+        env,
+        found,
+    ):
+        prelude = f"source local-cluster/tokens.env\nsource {sys.prefix}/bin/activate"
+        run_block(prelude, block, tmp_path, env, timeout_s=120)
+        with httpx.Client(
+            base_url=found.server,
+            headers={"Authorization": f"Bearer {found.token}"},
+            timeout=10,
+        ) as client:
+
+            def ended_job(job_id: int) -> dict[str, Any] | None:
+                job: dict[str, Any] = client.get(f"/jobs/{job_id}").json()
+                return None if job["status"] in ("queued", "running") else job
+
+            ended = {j: until(lambda j=j: ended_job(j), 300, f"job {j} to end") for j in (1, 2)}
+    elastic, second = ended[1], ended[2]
+    assert elastic["status"] == "succeeded", elastic["error"]
+    assert [a["num_machines"] for a in elastic["attempts"]] == [1, 2], elastic["attempts"]
+    assert elastic["attempts"][0]["ended"].startswith("resized (1 -> 2), stopped after step")
+    assert elastic["attempts"][1]["global_batch"] == 2 * 128
+    assert second["status"] == "succeeded", second["error"]
+    assert second["spec"]["topology"] == {"num_machines": 1, "max_machines": 2, "num_processes": 1}

@@ -5,10 +5,18 @@ and where a resized run picks its epoch up."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
+import torch
 
-from api.elastic import Size, Waiting, after_loss, grow_to, resumed_batches, spare, start_size
+from api.elastic import Size, Waiting, after_loss, grow_to, spare, start_size
+from api.lifecycle import PendingCode
+from api.scheduling import Pending, Placement, place_gang
+from api.schemas import JobSpec
+from tests.unit.test_scheduling import node
+from worker import checkpoints
+from worker.checkpoints import resumed_batches
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=timezone.utc)
 ONE_TO_THREE = Size(1, 3)
@@ -74,3 +82,54 @@ def test_a_size_is_a_range_from_one() -> None:
     for low, high in ((0, 2), (3, 2)):
         with pytest.raises(ValueError, match="min <= max"):
             Size(low, high)
+
+
+def saved_by(tmp_path: Path, machines: int, batches_done: int, epoch_loss: float) -> Path:
+    spec = JobSpec.model_validate({"topology": {"num_machines": machines}})
+    model = torch.nn.Linear(2, 1)
+    return checkpoints.save(
+        tmp_path,
+        model=model,
+        optimizer=torch.optim.Adadelta(model.parameters()),
+        epoch=2,
+        step=100 + batches_done,
+        spec=spec,
+        batches_done=batches_done,
+        epoch_loss=epoch_loss,
+    )
+
+
+def test_a_checkpoint_resumed_by_another_world_size_maps_its_place_in_the_epoch(
+    tmp_path: Path,
+) -> None:
+    path = saved_by(tmp_path, machines=3, batches_done=30, epoch_loss=6.0)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.Adadelta(model.parameters())
+    same = checkpoints.resume(path, model, optimizer, world_size=3)
+    assert (same.epoch, same.batches_done, same.epoch_loss) == (2, 30, 6.0)
+    fewer = checkpoints.resume(path, model, optimizer, world_size=2)
+    # 45 batches of 2 ranks: the same samples; the mean loss per batch kept.
+    assert (fewer.epoch, fewer.batches_done, fewer.epoch_loss) == (2, 45, 9.0)
+
+
+def test_only_the_newest_checkpoint_is_kept_in_the_run_directory(tmp_path: Path) -> None:
+    saved_by(tmp_path, machines=1, batches_done=20, epoch_loss=1.0)
+    newest = saved_by(tmp_path, machines=1, batches_done=40, epoch_loss=2.0)
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [newest.name]
+
+
+@pytest.mark.parametrize(
+    "free,placed",
+    [(4, 3), (2, 2), (1, None)],
+    ids=["more than max", "between", "below min"],
+)
+def test_placement_takes_every_free_node_up_to_max(free: int, placed: int | None) -> None:
+    ranged = JobSpec.model_validate({"topology": {"num_machines": {"min": 2, "max": 3}}})
+    nodes = [node(i) for i in range(1, free + 1)] + [node(9, free=0)]
+    decision = place_gang(ranged, nodes)
+    if placed is None:
+        assert isinstance(decision, Pending) and decision.code is PendingCode.WAITING_FOR_SLOTS
+        assert decision.nodes_needed == 2
+    else:
+        assert isinstance(decision, Placement) and len(decision.node_ids) == placed
+        assert 9 not in decision.node_ids
