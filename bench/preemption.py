@@ -6,7 +6,12 @@ workers training real 2 x 1 gloo jobs on MNIST, round after round:
   lost (trained but not in its checkpoint), and the victim's stop (asked to
   stopped);
 - drain: ``POST /nodes/{id}/drain`` (deadline 0) on machine 1's node; from
-  the call to the job running again on the other two nodes.
+  the call to the job running again on the other two nodes;
+- growth: an elastic job (1 to 3 machines) runs on two nodes, the third
+  drained; ``POST /nodes/{id}/undrain``; from the call to the job training
+  on three (the server's resize interval set to 0: the figure is the stop
+  at a step, the checkpoint and the new start, not the wait between
+  resizes, which is DDPO_RESIZE_INTERVAL_S).
 
     python -m bench.preemption --rounds 5 --data-dir ../shared/data
 
@@ -104,6 +109,45 @@ def drain_round(client: httpx.Client) -> dict[str, float]:
     }
 
 
+ELASTIC = {
+    **VICTIM,
+    "topology": {"num_machines": {"min": 1, "max": 3}, "num_processes": 1},
+    "checkpoint_every_steps": 20,
+}
+
+
+def growth_round(client: httpx.Client) -> dict[str, float]:
+    spare = client.get("/nodes").raise_for_status().json()["data"][-1]["id"]
+    client.post(f"/nodes/{spare}/drain", json={"deadline_s": 0}).raise_for_status()
+    job_id = client.post("/jobs", json=ELASTIC).raise_for_status().json()["id"]
+    wait(
+        client,
+        job_id,
+        lambda j: j["status"] == "running" and ((j["progress"] or {}).get("batch") or 0) >= 30,
+    )
+    asked = time.monotonic()
+    client.post(f"/nodes/{spare}/undrain").raise_for_status()
+    grown = wait(
+        client,
+        job_id,
+        lambda j: (
+            len(j["attempts"]) == 2
+            and len(j["parts"]) == 3
+            and all(p["status"] == "running" for p in j["parts"])
+            and j["progress"] is not None
+        ),
+    )
+    took = time.monotonic() - asked
+    first, second = grown["attempts"]
+    assert (first["world_size"], second["world_size"]) == (2, 3), grown["attempts"]
+    client.post(f"/jobs/{job_id}/cancel").raise_for_status()
+    wait(client, job_id, ended)
+    return {
+        "undrain_to_training_on_3_s": took,
+        "steps_lost": first["stopped_at_step"] - (second["resumed_from_step"] or 0),
+    }
+
+
 def summary(name: str, rounds: list[dict[str, float]]) -> None:
     for key in rounds[0]:
         values = [r[key] for r in rounds]
@@ -124,14 +168,16 @@ def main(argv: list[str] | None = None) -> None:
             state_dir=Path(tmp),
             data_dir=args.data_dir.resolve(),
             workers=3,
-            server_env={"DDPO_PREEMPTION_MIN_RUN_S": "0"},
+            server_env={"DDPO_PREEMPTION_MIN_RUN_S": "0", "DDPO_RESIZE_INTERVAL_S": "0"},
         ) as cluster,
         httpx.Client(base_url=cluster.url, timeout=30, headers=cluster.headers("admin")) as client,
     ):
         preempted = [preemption_round(client) for _ in range(args.rounds)]
         drained = [drain_round(client) for _ in range(args.rounds)]
+        grown = [growth_round(client) for _ in range(args.rounds)]
     summary("preemption", preempted)
     summary("drain", drained)
+    summary("growth", grown)
 
 
 if __name__ == "__main__":

@@ -128,7 +128,9 @@ const fixed = (value, digits) => (value === null || value === undefined ? "–" 
 const percent = (value) => (value === null || value === undefined ? "–" : `${(100 * value).toFixed(2)}%`);
 const rate = (value) => (value === null || value === undefined ? "–" : `${Math.round(value).toLocaleString()}/s`);
 const badge = (status) => `<span class="badge ${esc(status)}">${esc(status)}</span>`;
-const topology = (spec) => `${spec.topology.num_machines} × ${spec.topology.num_processes}`;
+// An elastic job's machines are a range: "1–3 × 1".
+const machines = (t) => (t.max_machines ? `${t.num_machines}–${t.max_machines}` : `${t.num_machines}`);
+const topology = (spec) => `${machines(spec.topology)} × ${spec.topology.num_processes}`;
 
 function bar(job, big = false) {
   const pct = job.status === "succeeded" ? 100 : job.progress ? job.progress.percent : 0;
@@ -392,10 +394,11 @@ function jobPage(id) {
     document.querySelector("#attempts tbody").innerHTML = job.attempts.map((a) => `
       <tr data-attempt="${a.number}"><td class="num">${a.number}</td><td>${when(a.started_at)}</td>
         <td>${a.finished_at ? when(a.finished_at) : "running"}</td>
-        <td class="resumed">${a.resumed_from_step !== null ? `step ${a.resumed_from_step} (a stop's checkpoint)`
+        <td class="resumed">${a.resumed_from_step !== null ? `step ${a.resumed_from_step} (a step checkpoint)`
           : a.resumed_from_epoch !== null ? `the checkpoint of epoch ${a.resumed_from_epoch}` : "the start"}
-          <span class="muted small">· ${a.world_size} rank(s)</span></td>
-        <td class="ended">${a.error ? `<strong>${esc(a.error.reason)}</strong>: ${esc(a.error.message)}`
+          <span class="muted small">· ${a.world_size} rank(s), global batch ${a.global_batch}</span></td>
+        <td class="ended">${a.error && !(a.ended || "").startsWith("resized")
+          ? `<strong>${esc(a.error.reason)}</strong>: ${esc(a.error.message)}`
           : a.ended ? esc(a.ended)
           : a.stop ? `stopping: ${esc(a.stop.reason)}${a.stop.detail ? ` ${esc(a.stop.detail)}` : ""}, by ${when(a.stop.deadline_at)}`
           : a.finished_at ? esc(job.status) : "–"}</td></tr>`
