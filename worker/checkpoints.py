@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn, optim
 
 from api.schemas import JobSpec
@@ -44,9 +45,10 @@ def save(
         "epoch": epoch,
         "step": step,
         "spec": spec.model_dump(mode="json"),
-        # The ranks that trained it: a run resumed on another number of
-        # machines (an elastic job) maps its position in the epoch.
-        "world_size": spec.topology.world_size,
+        # The ranks that trained it (the process group's, where there is
+        # one): a run resumed on another number of machines (an elastic
+        # job) maps its position in the epoch.
+        "world_size": dist.get_world_size() if dist.is_initialized() else spec.topology.world_size,
         # Every rank draws the same dropout numbers (same seed, same shapes),
         # so rank 0's generator state is every rank's.
         "rng": torch.get_rng_state(),
