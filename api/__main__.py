@@ -14,13 +14,13 @@ import uvicorn
 from pydantic import SecretStr, ValidationError
 from sqlalchemy.engine import make_url
 
-from api.local_tokens import TokenFileExposed, announce, load_or_make, withdraw
 from api.main import create_app, redacted
 from api.memory import give_large_blocks_back
 from api.serving import allow_open_files, uvicorn_options
 from api.settings import ServerSettings
 from db import migrate
 from db.engine import Database
+from ddpo.local_tokens import TokenFileExposed, announce, load_or_make, withdraw
 
 
 def build_parser() -> argparse.ArgumentParser:

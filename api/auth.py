@@ -38,7 +38,7 @@ from api import route_table
 from api.credentials import ApiKeys, KeyHolder, NodeCredentials, digest
 from api.raw_answers import send_problem
 from api.route_table import PUBLIC, Role
-from api.schemas.people import token_actor
+from ddpo.schemas.people import token_actor
 
 
 @dataclass(frozen=True)

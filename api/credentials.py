@@ -9,7 +9,7 @@ import secrets
 import threading
 from dataclasses import dataclass
 
-from api.schemas.people import Role
+from ddpo.schemas.people import Role
 
 
 def digest(token: str) -> str:

@@ -14,9 +14,9 @@ from api.core.people import Actor
 from api.notifier import Notifier
 from api.quiet_nodes import QuietNodes
 from api.read_cache import ReadCache
-from api.schemas import DB_INT_MAX
 from api.settings import ServerSettings
 from db.engine import Database
+from ddpo.schemas import DB_INT_MAX
 
 # The dependencies are coroutines, though none awaits: FastAPI runs a plain
 # function dependency in the thread pool, a hop per dependency per request.

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from api.schemas import Topology
+from ddpo.schemas import Topology
 
 # The stop detail of an elastic job's attempt that ended because one of its
 # machines went away (reason resized; the attempt keeps the failure).

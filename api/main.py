@@ -28,7 +28,6 @@ from api.core.retention import prune
 from api.deps import refuse_unknown_query
 from api.head import HeadAsGet
 from api.host_check import HostCheck, OriginCheck, allowed_hosts
-from api.lifecycle import IllegalTransition, PartStatus
 from api.limits import BodyLimitMiddleware
 from api.monitoring import LatencyMiddleware, make_registry
 from api.node_lane import NodeLane
@@ -56,6 +55,7 @@ from db import queries
 from db.changes import EVERYONE, Change, Wake
 from db.engine import Database
 from db.models import ApiKey, Attempt, Node, Part, utcnow
+from ddpo.lifecycle import IllegalTransition, PartStatus
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.lifecycle import JobStatus, NodeState, StopReason
 from db import queries
 from db.engine import Database
+from ddpo.lifecycle import JobStatus, NodeState, StopReason
 
 
 class DatabaseCollector(Collector):

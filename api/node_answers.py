@@ -16,7 +16,7 @@ from api.core import nodes as nodes_core
 from api.core.context import Core
 from api.notifier import Notifier
 from api.quiet_nodes import QuietNodes
-from api.schemas import HeartbeatRequest, HeartbeatResponse, PollRequest, PollResponse
+from ddpo.schemas import HeartbeatRequest, HeartbeatResponse, PollRequest, PollResponse
 
 
 async def answer_heartbeat(

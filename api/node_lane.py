@@ -31,7 +31,7 @@ from api.node_answers import answer_heartbeat, answer_poll
 from api.notifier import Notifier
 from api.quiet_nodes import QuietNodes
 from api.refusals import refusal
-from api.schemas import DB_INT_MAX, HeartbeatRequest, PollRequest
+from ddpo.schemas import DB_INT_MAX, HeartbeatRequest, PollRequest
 
 _NODE_ROUTE = re.compile(r"^/nodes/([1-9][0-9]{0,18})/(poll|heartbeat)$")
 _JSON_BODY = re.compile(rb"^application/(?:[\w.+-]+\+)?json\s*(?:;.*)?$", re.IGNORECASE)

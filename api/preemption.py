@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from api.scheduling import NodeCapacity, Placement, place_gang
-from api.schemas import JobSpec
+from ddpo.schemas import JobSpec
 
 # Sets of victims tried for the fewest before settling for a good few:
 # enough for every choice of up to 3 among 40 running jobs.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from api.schemas.people import Role as Role  # re-exported: the roles are the table's words
+from ddpo.schemas.people import Role as Role  # re-exported: the roles are the table's words
 
 PUBLIC: frozenset[Role] = frozenset()  # no token needed
 READ = frozenset({Role.ADMIN, Role.USER, Role.READER})

@@ -12,8 +12,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
-from api.lifecycle import PendingCode
-from api.schemas import JobSpec
+from ddpo.lifecycle import PendingCode
+from ddpo.schemas import JobSpec
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from api.route_table import Role
-from api.schemas.spec import MAX_STOP_GRACE_S
+from ddpo.schemas.spec import MAX_STOP_GRACE_S
 
 
 class ServerSettings(BaseSettings):

@@ -11,12 +11,12 @@ from sqlmodel import Session
 from api import elastic
 from api.core.errors import NotFound
 from api.core.placement import free_capacity, survey_queue
-from api.lifecycle import JobStatus, NodeState, PendingCode, describe_stop, study_status
 from api.scheduling import Pending, Placement
-from api.schemas import JobSpec, people, public
 from db import queries
 from db.engine import Database
 from db.models import LAUNCHER_RANK, ApiKey, Attempt, Job, LogRow, Node, Part, Study, utcnow
+from ddpo.lifecycle import JobStatus, NodeState, PendingCode, describe_stop, study_status
+from ddpo.schemas import JobSpec, people, public
 
 
 def percent_done(*, epoch: int, batch: int, batches_per_epoch: int, epochs: int) -> float:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from api.schemas import Assignment, JobPublic, JobSpec
 from cli.cluster import LocalCluster
+from ddpo.schemas import Assignment, JobPublic, JobSpec
 from worker import runfiles
 
 

@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from api.schemas import JobSpec, Performance, Topology
 from bench._runs import alternate, bench_parser, run_direct
+from ddpo.schemas import JobSpec, Performance, Topology
 
 DEFAULTS = Performance()
 # The recipe's way of running: each variant switches one option to it.

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from api.schemas import JobSpec, MetricPoint, MetricsPublic
 from bench._runs import bench_parser, local_cluster, run_orchestrated
 from cli.cluster import SERVER_NICE, LocalCluster
+from ddpo.schemas import JobSpec, MetricPoint, MetricsPublic
 
 DASHBOARDS = 50
 # A span of training counts once the window it is in has been open this

@@ -18,10 +18,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from api.schemas import JobSpec
 from db import migrate, queries
 from db.engine import Database
 from db.models import LogRow
+from ddpo.schemas import JobSpec
 
 AT = datetime(2026, 12, 1, tzinfo=timezone.utc)
 

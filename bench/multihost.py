@@ -17,12 +17,12 @@ import os
 import tempfile
 from pathlib import Path
 
-from api.schemas import StudyPublic, StudyRowPublic
 from bench._runs import bench_parser
 from cli import render
 from cli.cluster import LocalCluster
 from cli.hosts import TestHosts
 from cli.studies import run_study
+from ddpo.schemas import StudyPublic, StudyRowPublic
 from worker.mnist import Net
 
 WORKER_HOSTS = ("node-0", "node-1")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from api.schemas import JobSpec
 from bench._runs import (
     alternate,
     bench_parser,
@@ -21,6 +20,7 @@ from bench._runs import (
     run_direct,
     run_orchestrated,
 )
+from ddpo.schemas import JobSpec
 
 
 def main(argv: list[str] | None = None) -> None:

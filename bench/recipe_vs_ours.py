@@ -11,7 +11,6 @@ Prints each run, both mean times and the ratio ours / recipe.
 
 from __future__ import annotations
 
-from api.schemas import JobSpec, Topology
 from bench._runs import (
     alternate,
     bench_parser,
@@ -21,6 +20,7 @@ from bench._runs import (
     run_orchestrated,
     run_recipe,
 )
+from ddpo.schemas import JobSpec, Topology
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import statistics
 
-from api.schemas import StudyPublic
 from bench._runs import bench_parser, local_cluster
 from cli import render
 from cli.studies import run_study
+from ddpo.schemas import StudyPublic
 
 
 def main(argv: list[str] | None = None) -> None:

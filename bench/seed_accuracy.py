@@ -12,8 +12,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from api.schemas import JobSpec
 from bench._runs import bench_parser, run_direct, run_recipe
+from ddpo.schemas import JobSpec
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import optim
 
-from api.schemas import JobSpec
+from ddpo.schemas import JobSpec
 from worker import mnist
 from worker.stopping import CHECK_EVERY
 

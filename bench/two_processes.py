@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import statistics
 
-from api.schemas import JobSpec, Performance, Topology
 from bench._runs import (
     Run,
     alternate,
@@ -22,6 +21,7 @@ from bench._runs import (
     mean_wall,
     run_orchestrated,
 )
+from ddpo.schemas import JobSpec, Performance, Topology
 
 
 def main(argv: list[str] | None = None) -> None:

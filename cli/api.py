@@ -15,8 +15,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from api import local_tokens
-from cli import kept
+from ddpo import kept, local_tokens
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 T = TypeVar("T")

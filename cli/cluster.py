@@ -22,9 +22,9 @@ from typing import IO
 
 import httpx
 
-from api import local_tokens
 from cli.api import Api
 from cli.hosts import TestHosts
+from ddpo import local_tokens
 from worker import cores
 
 

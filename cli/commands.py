@@ -11,8 +11,12 @@ import webbrowser
 from typing import Any
 from urllib.parse import quote
 
-from api.lifecycle import JobStatus, NodeState
-from api.schemas import (
+from cli import render
+from cli.api import DEFAULT_SERVER, Api, CliError, riding_out_restarts, server_url, token_for
+from cli.jobs import add_spec_arguments, follow, spec_from_args, submit_once
+from cli.terminal import shown
+from ddpo.lifecycle import JobStatus, NodeState
+from ddpo.schemas import (
     JobPublic,
     JobsPublic,
     LogLinePublic,
@@ -20,11 +24,7 @@ from api.schemas import (
     NodePublic,
     NodesPublic,
 )
-from api.schemas.public import QueuePublic, TrainersPublic
-from cli import render
-from cli.api import DEFAULT_SERVER, Api, CliError, riding_out_restarts, server_url, token_for
-from cli.jobs import add_spec_arguments, follow, spec_from_args, submit_once
-from cli.terminal import shown
+from ddpo.schemas.public import QueuePublic, TrainersPublic
 
 ENVIRONMENT = (
     "Environment: DDPO_SERVER, the server's URL (default "

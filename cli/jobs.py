@@ -9,9 +9,9 @@ import sys
 import time
 from typing import TextIO
 
-from api.schemas import JobPublic, JobSpec
 from cli import render
 from cli.api import Api, riding_out_restarts
+from ddpo.schemas import JobPublic, JobSpec
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,11 +11,12 @@ import sys
 import time
 from pathlib import Path
 
-from cli import kept, render
+from cli import render
 from cli.cluster import LocalCluster, StateDirInUse, port_free
 from cli.hosts import HostsUnavailable, TestHosts
 from cli.jobs import add_spec_arguments, follow, spec_from_args, submit
 from cli.studies import add_study_arguments, run_study, study_request
+from ddpo import kept
 
 # Where a kept cluster's server listens: README's examples say localhost:8000.
 KEPT_PORT = 8000

@@ -8,11 +8,11 @@ import argparse
 import json
 from typing import Any
 
-from api.schemas.people import KEY_ROLES, AuditAction, AuditPublic, KeyCreated, KeysPublic
 from cli import render
 from cli.api import Api, CliError
 from cli.commands import add_connection_arguments, client_for
 from cli.terminal import shown
+from ddpo.schemas.people import KEY_ROLES, AuditAction, AuditPublic, KeyCreated, KeysPublic
 
 
 def add_keys(commands: Any) -> None:

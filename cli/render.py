@@ -9,8 +9,9 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import ParamSpec
 
-from api.lifecycle import JobStatus, NodeState, StopReason
-from api.schemas import (
+from cli.terminal import one_line, shown
+from ddpo.lifecycle import JobStatus, NodeState, StopReason
+from ddpo.schemas import (
     JobPublic,
     JobsPublic,
     NodePublic,
@@ -18,9 +19,8 @@ from api.schemas import (
     StudyPublic,
     Topology,
 )
-from api.schemas.people import AuditPublic, KeysPublic
-from api.schemas.public import QueuePublic, TrainersPublic
-from cli.terminal import one_line, shown
+from ddpo.schemas.people import AuditPublic, KeysPublic
+from ddpo.schemas.public import QueuePublic, TrainersPublic
 
 P = ParamSpec("P")
 

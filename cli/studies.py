@@ -7,11 +7,11 @@ import sys
 import time
 from typing import TextIO
 
-from api.schemas import StudyPublic
 from cli import render
 from cli.api import Api, riding_out_restarts
 from cli.commands import add_connection_arguments, client_for
 from cli.jobs import add_spec_arguments, spec_from_args
+from ddpo.schemas import StudyPublic
 
 
 def add_study_arguments(parser: argparse.ArgumentParser) -> None:

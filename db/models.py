@@ -1,5 +1,5 @@
 """The tables. Values are typed here once: status columns are the enums of
-api.lifecycle, JSON columns the models of api.schemas (db/ imports only
+ddpo.lifecycle, JSON columns the models of ddpo.schemas (db/ imports only
 those pure value modules of api/, never its logic: a test checks)."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from sqlalchemy import JSON, BigInteger, Column, DateTime, Integer, UniqueConstr
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
-from api.lifecycle import JobStatus, NodeState, PartStatus, StopReason
-from api.schemas import JobError, JobSpec, TrainResult
-from api.schemas.people import AuditAction, Role
 from db.types import EnumText, ModelJSON
+from ddpo.lifecycle import JobStatus, NodeState, PartStatus, StopReason
+from ddpo.schemas import JobError, JobSpec, TrainResult
+from ddpo.schemas.people import AuditAction, Role
 
 
 def utcnow() -> datetime:

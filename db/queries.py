@@ -12,11 +12,11 @@ from sqlalchemy import Select, delete, func, or_, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
-from api.lifecycle import JobStatus, NodeState, PartStatus, StopReason
-from api.schemas import JobSpec
-from api.schemas.people import AuditAction
 from db.engine import kept_specs_of
 from db.models import ApiKey, Attempt, AuditRow, Job, LogRow, Node, Part, ProgressRow, Study
+from ddpo.lifecycle import JobStatus, NodeState, PartStatus, StopReason
+from ddpo.schemas import JobSpec
+from ddpo.schemas.people import AuditAction
 
 # Statuses whose processes may still exist: they hold a slot on their node.
 ACTIVE_PART_STATUSES = tuple(s for s in PartStatus if s.is_active())

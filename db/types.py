@@ -12,7 +12,7 @@ from sqlalchemy import JSON, String
 from sqlalchemy.types import TypeDecorator
 
 M = TypeVar("M", bound=BaseModel)
-# The validation context of what the database gives back (api/schemas/strict.py).
+# The validation context of what the database gives back (ddpo/schemas/strict.py).
 STORED = {"stored": True}
 E = TypeVar("E", bound=Enum)
 

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn, optim
 
-from api.schemas import JobSpec
+from ddpo.schemas import JobSpec
 from worker import runfiles
 
 

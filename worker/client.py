@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel
 
-from api.schemas import protocol
+from ddpo.schemas import protocol
 
 
 class ServerUnavailable(RuntimeError):

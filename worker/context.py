@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from api.schemas import JobSpec
+from ddpo.schemas import JobSpec
 
 
 def _nothing(**_: object) -> None:

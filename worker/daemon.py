@@ -16,15 +16,15 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
-from api.failures import FailureReason
-from api.schemas import (
+from ddpo.failures import FailureReason
+from ddpo.schemas import (
     Assignment,
     NodeRegistered,
     NodeRegistration,
     PartFinished,
     StopRequest,
 )
-from api.schemas.protocol import TrainerOffer
+from ddpo.schemas.protocol import TrainerOffer
 from worker import cores, network, scripts, trainers
 from worker.client import CredentialRefused, NodeUnknown, Refused, ServerClient, ServerUnavailable
 from worker.courier import Courier

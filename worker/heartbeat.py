@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from api.schemas import StopRequest
+from ddpo.schemas import StopRequest
 from worker.client import Refused, ServerClient, ServerUnavailable
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ import subprocess
 
 from pydantic import SecretStr
 
-from api import local_tokens
-from api.schemas import NodeRegistered, NodeRegistration
+from ddpo import local_tokens
+from ddpo.schemas import NodeRegistered, NodeRegistration
 from worker import credentials
 from worker.client import CredentialRefused, Refused, ServerClient, server_urls
 from worker.settings import WorkerSettings

@@ -21,8 +21,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from api.failures import FailureReason
-from api.schemas.protocol import TrainerOffer
+from ddpo.failures import FailureReason
+from ddpo.schemas.protocol import TrainerOffer
 from worker import rank_env, runfiles, trainers
 from worker._process import die_with_parent, hide_files, keep_freed_memory
 from worker.local_allreduce import LocalGroup

@@ -27,8 +27,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from torchvision import datasets, transforms
 
-from api.schemas import JobSpec, TrainResult
-from api.schemas.strict import Strict
+from ddpo.schemas import JobSpec, TrainResult
+from ddpo.schemas.strict import Strict
 from worker import checkpoints
 from worker.context import TrainContext
 from worker.trainers import Trainer

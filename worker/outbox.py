@@ -13,7 +13,7 @@ import logging
 import time
 from pathlib import Path
 
-from api.schemas import Assignment, LogLine, PartFinished, ProgressReport
+from ddpo.schemas import Assignment, LogLine, PartFinished, ProgressReport
 from worker import runfiles
 from worker.courier import Courier
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from api.failures import FailureReason
-from api.lifecycle import Named
-from api.schemas import Assignment, PartFinished
+from ddpo.failures import FailureReason
+from ddpo.lifecycle import Named
+from ddpo.schemas import Assignment, PartFinished
 from worker import rank_env, runfiles
 from worker._process import group_alive, signal_group
 from worker.forkserver import ForkServer

@@ -27,8 +27,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from api.failures import FailureReason
-from api.schemas import MAX_LOG_LINE_CHARS, Assignment, LogLine, ProgressReport, TrainResult
+from ddpo.failures import FailureReason
+from ddpo.schemas import MAX_LOG_LINE_CHARS, Assignment, LogLine, ProgressReport, TrainResult
 from worker import cores
 
 LAUNCH = "launch.json"

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import ddpo
-from api.failures import FailureReason
+from ddpo.failures import FailureReason
 from worker import launcher, network, rank, runfiles, scripts
 from worker.unpack import unpack_checkpoint
 

@@ -9,9 +9,9 @@ import logging
 import re
 from pathlib import Path
 
-from api.schemas import ScriptRef
-from api.schemas.protocol import ScriptOffer
-from api.schemas.spec import SCRIPT_PATH_PATTERN
+from ddpo.schemas import ScriptRef
+from ddpo.schemas.protocol import ScriptOffer
+from ddpo.schemas.spec import SCRIPT_PATH_PATTERN
 
 log = logging.getLogger(__name__)
 

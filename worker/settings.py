@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from api.schemas import NAME_PATTERN
+from ddpo.schemas import NAME_PATTERN
 
 
 def _default_name() -> str:

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from api.schemas.protocol import TrainerOffer
+from ddpo.schemas.protocol import TrainerOffer
 
 if TYPE_CHECKING:
-    from api.schemas import JobSpec, TrainResult
+    from ddpo.schemas import JobSpec, TrainResult
     from worker.context import TrainContext
 
 log = logging.getLogger(__name__)

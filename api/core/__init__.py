@@ -9,7 +9,7 @@ api/main.py answers as HTTP statuses.
 - ``reports``: a part started, bound its rendezvous, progressed, logged, finished.
 - ``artifacts``: checkpoint files: uploads kept, the newest served.
 - ``settlement``: what a job becomes after a change (cancel, lose, settle,
-  retry or fail); the status changes go through api/lifecycle.py.
+  retry or fail); the status changes go through ddpo/lifecycle.py.
 - ``placement``: start the queued jobs that fit (the plan is api/scheduling.py's).
 - ``lookup``: the rows a command acts on, or the error saying why not.
 

@@ -13,12 +13,12 @@ from api.core.context import Core, PlanMemo
 from api.core.placement import plan_and_start, schedule
 from api.core.settlement import fail_at_deadline, lose_parts, may_explain, settle
 from api.core.stops import drain_due, stop_overdue
-from api.failures import FailureReason
-from api.lifecycle import NodeState, PartStatus, move_part
-from api.schemas import JobError
 from api.settings import ServerSettings
 from db import queries
 from db.models import Job, Node, Part, utcnow
+from ddpo.failures import FailureReason
+from ddpo.lifecycle import NodeState, PartStatus, move_part
+from ddpo.schemas import JobError
 
 log = logging.getLogger(__name__)
 

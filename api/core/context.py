@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from api.credentials import ApiKeys, NodeCredentials
-from api.schemas.protocol import MAX_LOG_LINES_PER_BATCH
 from api.settings import ServerSettings
 from db.engine import Database
+from ddpo.schemas.protocol import MAX_LOG_LINES_PER_BATCH
 
 
 class Sightings:

@@ -13,11 +13,11 @@ from api.core.errors import Conflict, NotFound, TooMany
 from api.core.people import Actor, check_may_steer, record
 from api.core.placement import schedule, schedule_submitted
 from api.core.settlement import cancel
-from api.lifecycle import JobStatus, can_cancel, study_status
-from api.schemas import JobSpec, StudyCreate, Topology
-from api.schemas.people import AuditAction
 from db import queries
 from db.models import utcnow
+from ddpo.lifecycle import JobStatus, can_cancel, study_status
+from ddpo.schemas import JobSpec, StudyCreate, Topology
+from ddpo.schemas.people import AuditAction
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from sqlmodel import Session
 
 from api.core.errors import Forbidden, NotFound
-from api.lifecycle import JobStatus
 from db import queries
 from db.models import Job, Part
+from ddpo.lifecycle import JobStatus
 
 
 def job(session: Session, job_id: int, *, for_update: bool = False) -> Job:

@@ -16,18 +16,18 @@ from api.core.people import Actor, record
 from api.core.placement import schedule
 from api.core.settlement import lose_parts
 from api.credentials import new_node_credential
-from api.failures import FailureReason
-from api.lifecycle import NodeState, PartStatus, StopReason
-from api.schemas import (
+from db import queries
+from db.models import Attempt, Node, Part, utcnow
+from ddpo.failures import FailureReason
+from ddpo.lifecycle import NodeState, PartStatus, StopReason
+from ddpo.schemas import (
     Assignment,
     HeartbeatResponse,
     NodeRegistration,
     PollResponse,
     Rendezvous,
 )
-from api.schemas.people import AuditAction
-from db import queries
-from db.models import Attempt, Node, Part, utcnow
+from ddpo.schemas.people import AuditAction
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ from typing import Any
 from sqlmodel import Session
 
 from api.core.errors import InvalidFields
-from api.schemas import JobSpec, params_schema
-from api.schemas.public import ScriptPublic, TrainerPublic, TrainersPublic
 from db import queries
 from db.engine import memoized
 from db.models import Node
+from ddpo.schemas import JobSpec, params_schema
+from ddpo.schemas.public import ScriptPublic, TrainerPublic, TrainersPublic
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from sqlmodel import Session
 from api.core.context import Core
 from api.core.errors import Conflict, Forbidden, NotFound
 from api.credentials import KeyHolder, new_api_key
-from api.schemas.people import AuditAction, KeyCreate, Role
 from db import queries
 from db.models import ApiKey, AuditRow, utcnow
+from ddpo.schemas.people import AuditAction, KeyCreate, Role
 
 log = logging.getLogger(__name__)
 

@@ -16,15 +16,15 @@ from api import elastic
 from api.core.people import Actor, record
 from api.core.settlement import set_job_status
 from api.core.stops import ask_to_stop
-from api.lifecycle import JobStatus, PendingCode, StopReason
 from api.preemption import RunningJob, freed, victims_for
 from api.scheduling import NodeCapacity, Pending, Placement, free_suitable, place_gang, plan
-from api.schemas.people import AuditAction
 from api.settings import ServerSettings
 from db import queries
 from db.engine import memoized
 from db.models import Job, Node, utcnow
 from db.queries import QueuedJob, RunningAttempt
+from ddpo.lifecycle import JobStatus, PendingCode, StopReason
+from ddpo.schemas.people import AuditAction
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from api.core.context import Core
 from api.core.errors import Conflict, Forbidden, TooMany
 from api.core.placement import schedule
 from api.core.settlement import explain_given_up_attempt, may_explain, settle
-from api.failures import FailureReason
-from api.lifecycle import JobStatus, PartStatus, move_part
-from api.schemas import JobError, LogBatch, LogLine, PartFinished, ProgressBatch, RendezvousBound
 from db import queries
 from db.models import LAUNCHER_RANK, Job, LogRow, Part, ProgressRow, utcnow
+from ddpo.failures import FailureReason
+from ddpo.lifecycle import JobStatus, PartStatus, move_part
+from ddpo.schemas import JobError, LogBatch, LogLine, PartFinished, ProgressBatch, RendezvousBound
 
 log = logging.getLogger(__name__)
 

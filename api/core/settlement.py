@@ -2,7 +2,7 @@
 lost, a part ended. A failure either queues the job's next attempt (a
 retryable reason with restarts and time left) or fails it; every other
 part of the attempt is then asked to stop. Status changes go through
-api/lifecycle.py."""
+ddpo/lifecycle.py."""
 
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ from sqlmodel import Session
 
 from api import elastic
 from api.core import lookup
-from api.failures import FailureReason, names_the_cause
-from api.lifecycle import (
+from api.settings import ServerSettings
+from db import queries
+from db.models import Attempt, Job, Node, Part
+from ddpo.failures import FailureReason, names_the_cause
+from ddpo.lifecycle import (
     JobStatus,
     PartStatus,
     StopReason,
@@ -25,10 +28,7 @@ from api.lifecycle import (
     move_part,
     settle_job,
 )
-from api.schemas import JobError
-from api.settings import ServerSettings
-from db import queries
-from db.models import Attempt, Job, Node, Part
+from ddpo.schemas import JobError
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ from datetime import datetime, timedelta
 
 from sqlmodel import Session
 
-from api.lifecycle import JobStatus, PartStatus, StopReason, move_part
-from api.schemas import StopRequest
 from api.settings import ServerSettings
 from db import queries
 from db.models import Attempt, Job, Part
+from ddpo.lifecycle import JobStatus, PartStatus, StopReason, move_part
+from ddpo.schemas import StopRequest
 
 log = logging.getLogger(__name__)
 

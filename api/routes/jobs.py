@@ -25,10 +25,11 @@ from api.deps import (
     ReadCacheDep,
     SettingsDep,
 )
-from api.lifecycle import JobStatus
 from api.read_cache import ReadCache, cached_json
 from api.routes import endpoint
-from api.schemas import (
+from db.models import Attempt, Job, LogRow, Node, Part, ProgressRow
+from ddpo.lifecycle import JobStatus
+from ddpo.schemas import (
     DB_INT_MAX,
     JobPublic,
     JobSpec,
@@ -38,7 +39,6 @@ from api.schemas import (
     MetricsPublic,
     documented,
 )
-from db.models import Attempt, Job, LogRow, Node, Part, ProgressRow
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=documented(400, 403, 404, 409))
 

@@ -19,10 +19,10 @@ from api.deps import (
     QuietNodesDep,
     SettingsDep,
 )
-from api.lifecycle import NodeState
 from api.node_answers import answer_heartbeat, answer_poll
 from api.routes import endpoint
-from api.schemas import (
+from ddpo.lifecycle import NodeState
+from ddpo.schemas import (
     DB_INT_MAX,
     Ack,
     HeartbeatRequest,
@@ -35,8 +35,8 @@ from api.schemas import (
     PollResponse,
     documented,
 )
-from api.schemas.protocol import NodeLeaving
-from api.schemas.public import NodeDrain
+from ddpo.schemas.protocol import NodeLeaving
+from ddpo.schemas.public import NodeDrain
 
 router = APIRouter(prefix="/nodes", tags=["nodes"], responses=documented(400, 403, 404))
 

@@ -18,7 +18,7 @@ from api.core import artifacts, reports
 from api.core.context import Core
 from api.deps import CallerNodeDep, CoreDep, PartId, SettingsDep
 from api.routes import endpoint
-from api.schemas import (
+from ddpo.schemas import (
     DB_INT_MAX,
     Ack,
     LogBatch,

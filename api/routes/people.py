@@ -10,8 +10,8 @@ from api import route_table, views
 from api.core import people as people_core
 from api.deps import ActorDep, CoreDep, DatabaseDep, KeyId, SettingsDep
 from api.routes import endpoint
-from api.schemas import DB_INT_MAX, documented
-from api.schemas.people import (
+from ddpo.schemas import DB_INT_MAX, documented
+from ddpo.schemas.people import (
     AuditAction,
     AuditPublic,
     CallerPublic,

@@ -8,7 +8,7 @@ from api import route_table, views
 from api.deps import DatabaseDep, ReadCacheDep
 from api.routes import endpoint
 from api.routes.jobs import JOB_TABLES, cached_answer
-from api.schemas.public import QueuePublic
+from ddpo.schemas.public import QueuePublic
 
 router = APIRouter(tags=["jobs"])
 

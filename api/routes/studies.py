@@ -11,7 +11,7 @@ from api import route_table, views
 from api.core import jobs as jobs_core
 from api.deps import ActorDep, CoreDep, DatabaseDep, SettingsDep
 from api.routes import endpoint
-from api.schemas import DB_INT_MAX, StudiesPublic, StudyCreate, StudyPublic, documented
+from ddpo.schemas import DB_INT_MAX, StudiesPublic, StudyCreate, StudyPublic, documented
 
 router = APIRouter(prefix="/studies", tags=["studies"], responses=documented(400, 403, 404, 409))
 

@@ -8,7 +8,7 @@ from api import route_table
 from api.core import offers
 from api.deps import DatabaseDep
 from api.routes import endpoint
-from api.schemas.public import TrainersPublic
+from ddpo.schemas.public import TrainersPublic
 
 router = APIRouter(tags=["trainers"])
 

@@ -9,8 +9,8 @@ import time
 import httpx
 import pytest
 
-from api.schemas import NodeRegistration
 from cli.cluster import free_port
+from ddpo.schemas import NodeRegistration
 from tests.api.conftest import ThreadedServer, wait_for
 from worker.client import ServerClient, ServerUnavailable, server_urls
 from worker.heartbeat import Heartbeat

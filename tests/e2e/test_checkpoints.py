@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from api.schemas import Assignment, JobSpec
+from ddpo.schemas import Assignment, JobSpec
 from worker import runfiles
 from worker._process import group_alive
 

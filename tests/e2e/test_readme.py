@@ -20,9 +20,9 @@ import httpx
 import pytest
 import torch
 
-from cli import kept
 from cli.cluster import port_free
 from cli.local_cluster import KEPT_PORT
+from ddpo import kept
 from tests.conftest import REPO
 from tests.e2e.conftest import until
 

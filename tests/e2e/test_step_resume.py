@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from api.schemas import JobSpec
+from ddpo.schemas import JobSpec
 from tests.tensors import assert_same_tensors
 from worker import checkpoints, mnist, runfiles
 from worker.context import TrainContext

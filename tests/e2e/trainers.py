@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from api.schemas import TrainResult
+from ddpo.schemas import TrainResult
 from worker import mnist
 from worker.context import TrainContext
 from worker.trainers import Trainer

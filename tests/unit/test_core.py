@@ -15,9 +15,13 @@ from api.core import clock, jobs, nodes, reports
 from api.core.context import Core
 from api.core.errors import Conflict, Forbidden, NotFound
 from api.core.people import NOBODY
-from api.failures import FailureReason
-from api.lifecycle import JobStatus, NodeState, PartStatus
-from api.schemas import (
+from api.settings import ServerSettings
+from api.views import read_job
+from db import queries
+from db.engine import Database
+from ddpo.failures import FailureReason
+from ddpo.lifecycle import JobStatus, NodeState, PartStatus
+from ddpo.schemas import (
     Assignment,
     JobSpec,
     NodeRegistration,
@@ -27,10 +31,6 @@ from api.schemas import (
     Topology,
     TrainResult,
 )
-from api.settings import ServerSettings
-from api.views import read_job
-from db import queries
-from db.engine import Database
 from tests.databases import fresh_database_url
 
 HEARTBEAT_TIMEOUT_S = 0.3

@@ -14,9 +14,9 @@ from typing import Any, cast
 
 import pytest
 
-from api.failures import FailureReason
-from api.lifecycle import StopReason
-from api.schemas import (
+from ddpo.failures import FailureReason
+from ddpo.lifecycle import StopReason
+from ddpo.schemas import (
     Assignment,
     JobSpec,
     LogLine,

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from api.elastic import Size, Waiting, after_loss, grow_to, spare, start_size
-from api.lifecycle import PendingCode
 from api.scheduling import Pending, Placement, place_gang
-from api.schemas import JobSpec
+from ddpo.lifecycle import PendingCode
+from ddpo.schemas import JobSpec
 from tests.unit.test_scheduling import node
 from worker import checkpoints
 from worker.checkpoints import resumed_batches

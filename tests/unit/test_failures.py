@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 from pydantic import ValidationError
 
-from api.failures import FailureReason, Retry, names_the_cause
-from api.schemas import PartFinished
+from ddpo.failures import FailureReason, Retry, names_the_cause
+from ddpo.schemas import PartFinished
 from tests.conftest import REPO
 from worker import launcher
 

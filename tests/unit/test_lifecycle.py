@@ -4,7 +4,8 @@ import itertools
 
 import pytest
 
-from api.lifecycle import (
+from db.queries import ACTIVE_PART_STATUSES
+from ddpo.lifecycle import (
     JOB_TRANSITIONS,
     PART_TRANSITIONS,
     IllegalTransition,
@@ -16,7 +17,6 @@ from api.lifecycle import (
     move_part,
     settle_job,
 )
-from db.queries import ACTIVE_PART_STATUSES
 
 J, P = JobStatus, PartStatus
 

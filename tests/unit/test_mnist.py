@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from api.schemas import JobSpec, Performance
+from ddpo.schemas import JobSpec, Performance
 from worker.mnist import Net, build_model, train_data
 
 CPU = torch.device("cpu")

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 from api.preemption import Preemption, RunningJob, victims_for
 from api.scheduling import NodeCapacity
-from api.schemas import JobSpec, Topology
+from ddpo.schemas import JobSpec, Topology
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=timezone.utc)
 MIN_RUN_S = 60.0

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from api.lifecycle import PendingCode
 from api.scheduling import NodeCapacity, Pending, Placement, place_gang, plan
-from api.schemas import JobSpec
+from ddpo.lifecycle import PendingCode
+from ddpo.schemas import JobSpec
 
 
 def node(

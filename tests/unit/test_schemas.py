@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from api.schemas import MAX_WORLD_SIZE, JobSpec
+from ddpo.schemas import MAX_WORLD_SIZE, JobSpec
 
 
 def locs(exc: ValidationError) -> list[tuple[object, ...]]:

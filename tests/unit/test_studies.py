@@ -2,10 +2,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from api.lifecycle import JobStatus, study_status
-from api.schemas import JobSpec, Topology, TrainResult
 from api.views import study_rows
 from db.models import Job
+from ddpo.lifecycle import JobStatus, study_status
+from ddpo.schemas import JobSpec, Topology, TrainResult
 
 J = JobStatus
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)

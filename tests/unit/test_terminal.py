@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from api.lifecycle import NodeState
-from api.schemas import LogLinePublic, NodePublic, NodesPublic
 from cli import render
 from cli.commands import _log_line
 from cli.terminal import shown
+from ddpo.lifecycle import NodeState
+from ddpo.schemas import LogLinePublic, NodePublic, NodesPublic
 
 NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
 CLEAR_SCREEN = "\x1b[2J\x1b[H"

@@ -100,7 +100,7 @@ def test_a_node_describes_each_trainer_it_can_load_with_its_params_schema(tmp_pa
 
 
 def test_a_trainer_checks_a_jobs_params_against_its_model() -> None:
-    from api.schemas import JobSpec
+    from ddpo.schemas import JobSpec
     from worker.mnist import TRAINER
 
     assert TRAINER.params_of(JobSpec()) is not None

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import ddpo
-from api.schemas import Assignment, JobSpec, ScriptRef
+from ddpo.schemas import Assignment, JobSpec, ScriptRef
 from tests.conftest import REPO
 from worker import runfiles, script_launch, scripts
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from api.schemas import TrainResult
+from ddpo.schemas import TrainResult
 from worker import checkpoints
 from worker.context import TrainContext
 from worker.trainers import Trainer

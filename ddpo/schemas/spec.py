@@ -10,8 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
-from api.failures import FailureReason
-from api.schemas.strict import MAX_WORLD_SIZE, NAME_PATTERN, Strict, check_json_data, read_back
+from ddpo.failures import FailureReason
+from ddpo.schemas.strict import MAX_WORLD_SIZE, NAME_PATTERN, Strict, check_json_data, read_back
 
 
 def _machines_schema(schema: dict[str, Any]) -> None:

@@ -6,7 +6,7 @@ this one). Pure: no I/O, imported by the worker too."""
 
 from __future__ import annotations
 
-from api.lifecycle import Named
+from ddpo.lifecycle import Named
 
 
 class Retry(Named):

@@ -8,9 +8,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from api.lifecycle import JobStatus, NodeState, PartStatus, PendingCode, StopReason
-from api.schemas.spec import JobError, JobSpec, TrainResult
-from api.schemas.strict import Strict
+from ddpo.lifecycle import JobStatus, NodeState, PartStatus, PendingCode, StopReason
+from ddpo.schemas.spec import JobError, JobSpec, TrainResult
+from ddpo.schemas.strict import Strict
 
 
 class PartPublic(BaseModel):

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from api import local_tokens
+from ddpo import local_tokens
 
 
 def path() -> Path:

@@ -7,7 +7,7 @@ what the database stores), ``public`` (what users read), ``protocol`` (what
 nodes and the server say to each other).
 """
 
-from api.schemas.protocol import (
+from ddpo.schemas.protocol import (
     MAX_LOG_LINE_CHARS,
     Ack,
     Assignment,
@@ -27,7 +27,7 @@ from api.schemas.protocol import (
     RendezvousBound,
     StopRequest,
 )
-from api.schemas.public import (
+from ddpo.schemas.public import (
     AttemptPublic,
     CheckpointPublic,
     JobPublic,
@@ -52,7 +52,7 @@ from api.schemas.public import (
     TimingPublic,
     documented,
 )
-from api.schemas.spec import (
+from ddpo.schemas.spec import (
     SCRIPT_TRAINER,
     JobError,
     JobSpec,
@@ -64,7 +64,7 @@ from api.schemas.spec import (
     Topology,
     TrainResult,
 )
-from api.schemas.strict import DB_INT_MAX, MAX_WORLD_SIZE, NAME_PATTERN
+from ddpo.schemas.strict import DB_INT_MAX, MAX_WORLD_SIZE, NAME_PATTERN
 
 __all__ = [
     "DB_INT_MAX",

@@ -8,17 +8,17 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Discriminator, Field, Tag, ValidationInfo, field_validator
 from pydantic import Strict as PydanticStrict
 
-from api.failures import FailureReason
-from api.lifecycle import StopReason
-from api.schemas import params_schema
-from api.schemas.spec import (
+from ddpo.failures import FailureReason
+from ddpo.lifecycle import StopReason
+from ddpo.schemas import params_schema
+from ddpo.schemas.spec import (
     MAX_STOP_GRACE_S,
     SCRIPT_PATH_PATTERN,
     SHA256_PATTERN,
     JobSpec,
     TrainResult,
 )
-from api.schemas.strict import (
+from ddpo.schemas.strict import (
     DB_INT_MAX,
     MAX_WORLD_SIZE,
     NAME_PATTERN,

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from api.schemas.strict import Strict
+from ddpo.schemas.strict import Strict
 
 
 class Role(str, enum.Enum):
