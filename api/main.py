@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, get_args
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -56,6 +57,7 @@ from db.changes import EVERYONE, Change, Wake
 from db.engine import Database
 from db.models import ApiKey, Attempt, Node, Part, utcnow
 from ddpo.lifecycle import IllegalTransition, PartStatus
+from ddpo.schemas.public import Problem
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             db.dispose()
 
     app = _Orchestrator(
+        # Operation ids are the handlers' names (submit_job, get_job): what
+        # a generated client calls its functions (api/routes: each is unique).
+        generate_unique_id_function=lambda route: route.name,
         title="ddpo",
         summary="A REST-controlled orchestrator for distributed PyTorch training",
         version="0.1.0",
@@ -150,6 +155,10 @@ class _Orchestrator(FastAPI):
                     "roles), or a node's own credential",
                 },
             }
+            schemas = document["components"].setdefault("schemas", {})
+            problem = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(problem.pop("$defs", {}))
+            schemas["Problem"] = problem
             for path, operations in document.get("paths", {}).items():
                 for method, operation in operations.items():
                     route = route_table.find(method.upper(), path)
@@ -159,6 +168,7 @@ class _Orchestrator(FastAPI):
                         operation["description"] = (
                             f"{operation.get('description', '')}\n\nRoles: {roles}."
                         ).strip()
+                    _document_refusals(operation, route)
         return self.openapi_schema or {}
 
     def build_middleware_stack(self) -> ASGIApp:
@@ -196,6 +206,31 @@ class _Orchestrator(FastAPI):
                 allow_headers=["authorization", "content-type", "idempotency-key"],
             )
         return guarded
+
+
+# What any route may answer besides its success, each with the Problem body:
+# a generator then gives a typed error for each, never None for a 401.
+_REFUSALS = {
+    401: "No token, or one this server does not accept",
+    403: "The token's role may not do this, or it is not the caller's to do",
+    404: "No such resource",
+    409: "Not possible in its current state",
+    413: "The body is over the server's cap",
+    422: "A field is wrong: each entry's msg starts with the field's dotted name",
+    429: "Too many at once: try again after Retry-After seconds",
+}
+
+
+def _document_refusals(operation: dict[str, Any], route: route_table.Route | None) -> None:
+    responses = operation.setdefault("responses", {})
+    needs_token = route is None or bool(route.roles)
+    for status, meaning in _REFUSALS.items():
+        if status in (401, 403) and not needs_token:
+            continue
+        responses[str(status)] = {
+            "description": responses.get(str(status), {}).get("description", meaning),
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
 
 
 def _body_caps(settings: ServerSettings) -> Callable[[str, str], tuple[int, str] | None]:
@@ -321,10 +356,41 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
             loc = loc[1:] or loc
         field = ".".join(loc) or "body"
+        if error.get("type") == "extra_forbidden":
+            msg += _did_you_mean(request, [str(part) for part in error.get("loc", ())])
         if loc == ["body"] and "json" not in content_type:
             msg += " (send the body as JSON, with content-type: application/json)"
         detail.append(_echoable(error, f"{field}: {msg}"))
     return JSONResponse(status_code=422, content={"detail": detail})
+
+
+def _did_you_mean(request: Request, loc: list[str]) -> str:
+    """For a field the body's model does not have: the known field nearest
+    to it, if one is near (``channel_last``: did you mean channels_last?)."""
+    route = request.scope.get("route")
+    body = getattr(route, "body_field", None)
+    if not loc or loc[0] != "body" or body is None:
+        return ""
+    model: Any = body.field_info.annotation
+    for part in loc[1:-1]:
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            return ""
+        model = _the_model_in(fields[part].annotation)
+    fields = getattr(model, "model_fields", None)
+    close = difflib.get_close_matches(loc[-1], list(fields or ()), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _the_model_in(annotation: Any) -> Any:
+    """``Performance`` from ``Performance | None``, ``Annotated[...]``."""
+    if isinstance(annotation, type):
+        return annotation
+    for arg in get_args(annotation):
+        found = _the_model_in(arg)
+        if getattr(found, "model_fields", None):
+            return found
+    return None
 
 
 def _echoable(error: Any, msg: str) -> dict[str, Any]:

@@ -172,7 +172,8 @@ def plan(
     decisions: dict[int, Placement | Pending] = {}
     head: int | None = None
     for job_id, spec in queue:
-        if head is not None:
+        suitable = _suitable_and_free(spec, current)[0]
+        if head is not None and len(suitable) >= spec.topology.num_machines:
             decisions[job_id] = Pending(
                 PendingCode.QUEUED_BEHIND,
                 f"queued behind job {head}",

@@ -36,6 +36,15 @@ class Parser(argparse.ArgumentParser):
         return words
 
 
+def said(command: str, message: str) -> str:
+    """``ddpo submit: ...``, once: a message that starts with what it was
+    doing (``submit: ...``, ``show job 3: ...``) already names the command."""
+    first = message.split(":", 1)[0].split(" ", 1)[0]
+    return (
+        f"ddpo {message}" if first == command and ":" in message else f"ddpo {command}: {message}"
+    )
+
+
 def _version() -> str:
     try:
         return version("ddpo")
@@ -67,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         commands.add_nodes,
         commands.add_drain,
         commands.add_undrain,
+        commands.add_model,
         commands.add_trainers,
         commands.add_dashboard,
         people.add_keys,
@@ -91,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args))
     except CliError as exc:
-        print(shown(f"ddpo {args.command}: {exc}"), file=sys.stderr)
+        print(shown(said(args.command, str(exc))), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

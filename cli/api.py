@@ -11,13 +11,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import httpx
 
-from ddpo import kept, local_tokens
+from ddpo import client as ddpo_client
+from ddpo.errors import ApiError, Unavailable
 
-DEFAULT_SERVER = "http://127.0.0.1:8000"
+DEFAULT_SERVER = ddpo_client.DEFAULT_SERVER
 T = TypeVar("T")
 
 
@@ -34,47 +34,22 @@ class ServerFailed(CliError):
 
 
 def server_url(given: str | None) -> str:
-    """``--server``, else ``$DDPO_SERVER``, else the cluster ``ddpo
-    local-cluster --keep`` keeps here, else the default; a missing scheme is
-    taken as http (``127.0.0.1:8000``)."""
-    found = given or os.environ.get("DDPO_SERVER")
-    if not found:
-        here = kept.read()
-        found = here.server if here is not None else DEFAULT_SERVER
-    url = found.strip().rstrip("/")
-    if "://" not in url:
-        url = f"http://{url}"
-    if urlsplit(url).scheme not in ("http", "https"):
-        raise CliError(f"--server: {url!r} is not an http:// or https:// URL")
-    return url
-
-
-def token_for(url: str) -> str | None:
-    """``$DDPO_TOKEN``, else the user token of the kept cluster at ``url``,
-    else the admin token a server on this host made for itself."""
-    if os.environ.get("DDPO_TOKEN"):
-        return os.environ["DDPO_TOKEN"]
-    here = kept.read()
-    if here is not None and here.server == url:
-        return here.token
-    made = local_tokens.tokens_for(url)
-    return made.admin if made is not None else None
-
-
-def _detail(response: httpx.Response) -> str:
+    """``--server``, else ``$DDPO_SERVER``, else the kept cluster's, else
+    the default (ddpo/client.py decides, for the client and the CLI alike)."""
     try:
-        body = response.json()
-    except ValueError:
-        return response.text.strip()[:300] or response.reason_phrase
-    detail = body.get("detail") if isinstance(body, dict) else None
-    if isinstance(detail, list):  # validation errors: each names its field
-        return "; ".join(str(d.get("msg", d)) for d in detail if isinstance(d, dict))
-    return str(detail) if detail is not None else str(body)[:300]
+        return ddpo_client.server_url(given)
+    except ValueError as exc:
+        raise CliError(f"--{exc}") from None
 
 
-def problem(response: httpx.Response, doing: str) -> CliError:
+token_for = ddpo_client.token_for
+
+
+def problem(error: ApiError, doing: str) -> CliError:
     """What a failed answer means to the person at the terminal."""
-    status, detail = response.status_code, _detail(response)
+    status, detail = error.status, error.detail
+    if isinstance(error, Unavailable) and status == 0:
+        return Unreachable(detail)
     if status == 401:
         set_what = (
             "set DDPO_TOKEN to a token the server accepts (a user token, the server's "
@@ -96,39 +71,34 @@ def problem(response: httpx.Response, doing: str) -> CliError:
 
 
 class Api:
-    """An httpx client of the server whose failures are :class:`CliError`."""
+    """The CLI's view of :class:`ddpo.Client`: the same requests, with each
+    failure turned into a :class:`CliError` that says what ``doing`` was."""
 
     def __init__(self, url: str, token: str | None = None, timeout_s: float = 30) -> None:
         self.url = url
-        self.http = httpx.Client(
-            base_url=url,
-            timeout=timeout_s,
-            headers={"Authorization": f"Bearer {token}"} if token else None,
-        )
+        # An empty token: none (the client would look one up again).
+        self.client = ddpo_client.Client(url, token or "", timeout_s=timeout_s)
 
     def __enter__(self) -> Api:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.http.close()
+        self.client.close()
 
-    def unreachable(self, exc: Exception) -> Unreachable:
-        return Unreachable(
-            f"cannot reach the server at {self.url} ({type(exc).__name__}: {exc}); is it "
-            "running, and is --server (or DDPO_SERVER) its address?"
-        )
+    @contextmanager
+    def doing(self, what: str) -> Iterator[ddpo_client.Client]:
+        """The client, whose typed errors become CliErrors about ``what``."""
+        try:
+            yield self.client
+        except ApiError as error:
+            raise problem(error, what) from None
 
     def request(
         self, method: str, path: str, doing: str, *, ok: tuple[int, ...] = (), **kwargs: Any
     ) -> httpx.Response:
         """The response, if it succeeded (2xx, or a status in ``ok``)."""
-        try:
-            response = self.http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise self.unreachable(exc) from None
-        if response.is_success or response.status_code in ok:
-            return response
-        raise problem(response, doing)
+        with self.doing(doing) as client:
+            return client.request(method, path, ok=ok, **kwargs)
 
     def get(self, path: str, doing: str, **params: Any) -> Any:
         clean = {k: v for k, v in params.items() if v is not None}
@@ -136,20 +106,6 @@ class Api:
 
     def post(self, path: str, doing: str, **kwargs: Any) -> httpx.Response:
         return self.request("POST", path, doing, **kwargs)
-
-    @contextmanager
-    def stream(self, path: str, doing: str, **params: Any) -> Iterator[httpx.Response]:
-        clean = {k: v for k, v in params.items() if v is not None}
-        try:
-            with self.http.stream(
-                "GET", path, params=clean, timeout=httpx.Timeout(30, read=None)
-            ) as response:
-                if not response.is_success:
-                    response.read()
-                    raise problem(response, doing)
-                yield response
-        except httpx.HTTPError as exc:
-            raise self.unreachable(exc) from None
 
 
 def riding_out_restarts(

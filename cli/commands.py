@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import quote
 
 from cli import render
-from cli.api import DEFAULT_SERVER, Api, CliError, riding_out_restarts, server_url, token_for
+from cli.api import DEFAULT_SERVER, Api, CliError, Unreachable, server_url, token_for
 from cli.jobs import add_spec_arguments, follow, spec_from_args, submit_once
 from cli.terminal import shown
 from ddpo.lifecycle import JobStatus, NodeState
@@ -20,7 +20,6 @@ from ddpo.schemas import (
     JobPublic,
     JobsPublic,
     LogLinePublic,
-    LogsPublic,
     NodePublic,
     NodesPublic,
 )
@@ -107,7 +106,18 @@ def run_submit(args: argparse.Namespace) -> int:
             return 0
         if not args.json:
             print(said, flush=True)
-        job = follow(api, job.id, out=sys.stderr if args.json else sys.stdout)
+        try:
+            job = follow(api, job.id, out=sys.stderr if args.json else sys.stdout)
+        except KeyboardInterrupt:
+            # Ctrl-C stops the watching, not the job: say how to do either.
+            print(
+                f"\nstopped watching job {job.id}; it goes on on the server. "
+                f"`ddpo cancel {job.id}` cancels it; `ddpo logs -f {job.id}` or "
+                f"`ddpo show {job.id}` watches it again",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 130
     if args.json:
         _print_json(job.model_dump(mode="json"))
     else:
@@ -158,20 +168,36 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def add_cancel(commands: Any) -> None:
-    parser = commands.add_parser("cancel", help="cancel a job (its ranks stop on every node)")
+    parser = commands.add_parser("cancel", help="cancel jobs (their ranks stop on every node)")
     add_connection_arguments(parser)
-    parser.add_argument("job_id", type=int, help="the job's id")
+    parser.add_argument("job_ids", type=int, nargs="+", metavar="job_id", help="the jobs' ids")
     parser.set_defaults(run=run_cancel)
 
 
 def run_cancel(args: argparse.Namespace) -> int:
+    """Each job in turn; one that cannot be cancelled (not found, not
+    yours, ended) is said, and the rest are still cancelled."""
+    refused: list[str] = []
+    cancelled: list[Any] = []
     with client_for(args) as api:
-        response = api.post(f"/jobs/{args.job_id}/cancel", f"cancel job {args.job_id}")
+        for job_id in args.job_ids:
+            try:
+                response = api.post(f"/jobs/{job_id}/cancel", f"cancel job {job_id}")
+            except Unreachable:
+                raise
+            except CliError as exc:
+                refused.append(str(exc))
+                print(shown(f"ddpo {exc}"), file=sys.stderr)
+                continue
+            if args.json:
+                cancelled.append(response.json())
+            else:
+                job = JobPublic.model_validate(response.json())
+                print(f"job {job.id} {job.status.value}")
     if args.json:
-        _print_json(response.json())
-    else:
-        job = JobPublic.model_validate(response.json())
-        print(f"job {job.id} {job.status.value}")
+        _print_json(cancelled[0] if len(args.job_ids) == 1 and cancelled else cancelled)
+    if refused:
+        raise CliError(f"{len(refused)} of {len(args.job_ids)} job(s) not cancelled")
     return 0
 
 
@@ -253,42 +279,26 @@ def _check_rank(api: Api, job_id: int, rank: int) -> None:
 
 
 def run_logs(args: argparse.Namespace) -> int:
-    params: dict[str, Any] = {"machine_id": args.machine, "rank": args.rank, "tail": args.tail}
     prefixed = args.rank is None  # one rank's lines need no label
-    path, doing = f"/jobs/{args.job_id}/logs", f"logs of job {args.job_id}"
-    with client_for(args) as api:
-        if not args.follow:
-            page = LogsPublic.model_validate(api.get(path, doing, **params))
-            if not page.lines and args.rank is not None:
-                _check_rank(api, args.job_id, args.rank)
-            for line in page.lines:
-                print(line.model_dump_json() if args.json else _log_line(line, prefixed))
-            return 0
-        # Reachable, allowed, and a job: only then is a dropped stream worth
-        # waiting out.
-        api.get(f"/jobs/{args.job_id}", f"job {args.job_id}")
-        since = 0
-
-        def stream_until_the_job_ends() -> None:
-            """Print lines as they come; after a dropped stream (a server
-            restart), go on after the last line printed."""
-            nonlocal since
-            while True:
-                with api.stream(path, doing, **params, since=since, follow="true") as response:
-                    for raw in response.iter_lines():
-                        if not raw:
-                            continue
-                        line = LogLinePublic.model_validate_json(raw)
-                        since = line.id
-                        print(raw if args.json else _log_line(line, prefixed), flush=True)
-                params["tail"] = None  # the tail was the first connection's
-                page = LogsPublic.model_validate(api.get(path, doing, **params, since=since))
-                if page.job_status.is_terminal() and not page.lines:
-                    return
-
-        riding_out_restarts(
-            stream_until_the_job_ends, say=lambda m: print(m, file=sys.stderr, flush=True)
+    with client_for(args) as api, api.doing(f"logs of job {args.job_id}") as client:
+        if args.follow:
+            # Reachable, allowed, and a job: only then is a dropped stream
+            # worth waiting out (the client does, and resumes after the last line).
+            client.get(args.job_id)
+            client.say = lambda message: print(message, file=sys.stderr, flush=True)
+        lines = client.logs(
+            args.job_id,
+            follow=args.follow,
+            machine_id=args.machine,
+            rank=args.rank,
+            tail=args.tail,
         )
+        printed = False
+        for line in lines:
+            printed = True
+            print(line.model_dump_json() if args.json else _log_line(line, prefixed), flush=True)
+        if not printed and args.rank is not None:
+            _check_rank(api, args.job_id, args.rank)
     return 0
 
 
@@ -378,6 +388,37 @@ def _said_of_node(args: argparse.Namespace, data: Any) -> int:
     else:
         node = NodePublic.model_validate(data)
         print(shown(f"node {node.id} ({node.name}): {render.node_state(node)}"))
+    return 0
+
+
+# --- model ---------------------------------------------------------------------
+
+
+def add_model(commands: Any) -> None:
+    parser = commands.add_parser(
+        "model",
+        help="download a job's model (its newest checkpoint) to a file",
+        description="Download a job's newest checkpoint: after a succeeded job, its final "
+        'model. torch.load(FILE)["model"] is the state_dict; the file also holds the '
+        "optimizer, epoch and step a run resumes from.",
+    )
+    add_connection_arguments(parser)
+    parser.add_argument("job_id", type=int, help="the job's id")
+    parser.add_argument(
+        "-o", "--output", help="where to write it (default: job-ID.pt here)", default=None
+    )
+    parser.set_defaults(run=run_model)
+
+
+def run_model(args: argparse.Namespace) -> int:
+    target = args.output or f"job-{args.job_id}.pt"
+    with client_for(args) as api, api.doing(f"model of job {args.job_id}") as client:
+        written = client.download_model(args.job_id, target)
+    size = written.stat().st_size
+    if args.json:
+        _print_json({"job_id": args.job_id, "path": str(written), "bytes": size})
+    else:
+        print(shown(f"job {args.job_id}'s model: {written} ({size / 1e6:.1f} MB)"))
     return 0
 
 

@@ -22,7 +22,10 @@ def add_keys(commands: Any) -> None:
         description="Per-person API keys. Each has a name and a role; what its holder "
         "submits is theirs, and the audit log names them. Admins only.",
     )
-    actions = parser.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    # No action: list them, as `git remote` does.
+    add_connection_arguments(parser)
+    parser.set_defaults(run=run_list)
+    actions = parser.add_subparsers(dest="keys_command", metavar="ACTION")
     create = actions.add_parser("create", help="make a key; its secret is printed this once")
     add_connection_arguments(create)
     create.add_argument("name", help="who it is for: lower case, digits, . _ @ -")

@@ -43,13 +43,15 @@ def progress_line(job: JobPublic, width: int = 30) -> str:
     p = job.progress
     filled = int(width * p.percent / 100)
     bar = "#" * filled + "-" * (width - filled)
+    # Rank 0's latest report: one batch's loss and rate, not the epoch's
+    # mean or the job's throughput (the summary's), so the labels say so.
     loss = f"{p.loss:.4f}" if p.loss is not None else "-"
-    rate = f"{p.samples_per_sec:,.0f}/s" if p.samples_per_sec is not None else "-"
+    rate = f"{p.samples_per_sec:,.0f} samples/s" if p.samples_per_sec is not None else "-"
     eta = f"  ETA {duration(p.eta_seconds)}" if p.eta_seconds is not None else ""
     return (
         f"job {job.id} {job.status.value:<10} [{bar}] {p.percent:5.1f}%  "
         f"epoch {p.epoch}/{p.epochs} batch {p.batch}/{p.batches_per_epoch}  "
-        f"loss {loss}  {rate}{eta}"
+        f"batch loss {loss}  batch rate {rate}{eta}"
     )
 
 
@@ -188,8 +190,7 @@ def summary(job: JobPublic) -> str:
     topology = job.spec.topology
     lines = [
         f"job {job.id} {job.status.value}: {_machines(topology)} machine(s) x "
-        f"{topology.num_processes} process(es), batch {job.spec.batch_size}/process, "
-        f"{job.spec.epochs} epoch(s), {job.spec.backend}",
+        f"{topology.num_processes} process(es), {_what_runs(job)}, {job.spec.backend}",
         "timing:",
         f"  queued    {_s(t.queued_seconds)}",
         f"  running   {_s(t.running_seconds)}  (setup {_s(t.setup_seconds)}, "
@@ -225,16 +226,29 @@ def summary(job: JobPublic) -> str:
         if r.test_accuracy is not None:
             lines.append(
                 f"result: test accuracy {100 * r.test_accuracy:.2f}%, test loss "
-                f"{r.test_loss:.4f}, last-epoch train loss {r.train_loss:.4f}"
+                f"{_f(r.test_loss, '.4f')}, last epoch's mean train loss {_f(r.train_loss, '.4f')}"
             )
         if r.samples_per_sec is not None:
-            lines.append(f"throughput: {r.samples_per_sec:,.0f} samples/s")
+            lines.append(
+                f"throughput: {r.samples_per_sec:,.0f} samples/s (the whole job, over its "
+                "training time)"
+            )
     if job.error is not None:
         e = job.error
         lines.append(f"error ({e.reason}): {one_line(e.message)}")
         if e.traceback_tail:
             lines.append("  " + e.traceback_tail.strip().replace("\n", "\n  "))
     return "\n".join(lines)
+
+
+def _what_runs(job: JobPublic) -> str:
+    """A script runs as it likes (its own epochs, its own batches): its
+    path and arguments say what it does; a trainer's, the spec's numbers."""
+    script = job.spec.script
+    if script is not None:
+        return f"script {script.path}" + (f" {' '.join(script.args)}" if script.args else "")
+    trainer = "" if job.spec.trainer == "mnist" else f"trainer {job.spec.trainer}, "
+    return f"{trainer}batch {job.spec.batch_size}/process, {job.spec.epochs} epoch(s)"
 
 
 def _f(value: float | None, fmt: str) -> str:

@@ -31,7 +31,12 @@ built-in trainer's are; other ranks' calls do nothing. Anywhere else (plain
 torchrun, a laptop) ``report`` prints one line on rank 0, and the checkpoint
 directory is ./checkpoint.
 
-This module imports neither torch nor the server: scripts pay nothing for it.
+Scripts that drive the server (submit, wait, follow logs, fetch the model)
+use ``ddpo.Client`` or ``ddpo.AsyncClient`` (ddpo/client.py) and catch the
+typed errors (ddpo/errors.py): ``JobFailed``, ``Invalid``, ``Unauthorized``...
+
+This module imports neither torch nor the server, and the client only when
+it is asked for: scripts pay nothing for it.
 """
 
 from __future__ import annotations
@@ -45,6 +50,20 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ApiError",
+    "AsyncClient",
+    "Client",
+    "Conflict",
+    "DdpoError",
+    "Forbidden",
+    "Invalid",
+    "JobFailed",
+    "NotFound",
+    "ServerError",
+    "TooLarge",
+    "Unauthorized",
+    "Unavailable",
+    "WaitTimeout",
     "checkpoint_dir",
     "is_rank_zero",
     "report",
@@ -59,6 +78,42 @@ RUN_DIR_ENV = "DDPO_RUN_DIR"
 CHECKPOINT_DIR_ENV = "DDPO_CHECKPOINT_DIR"
 RESUME_EPOCH_ENV = "DDPO_RESUME_EPOCH"
 RESUME_STEP_ENV = "DDPO_RESUME_STEP"
+
+# The client and its errors, loaded on first use (a training script that
+# only reports never imports httpx).
+_LAZY = {
+    "Client": "ddpo.client",
+    "AsyncClient": "ddpo.client",
+    **{
+        name: "ddpo.errors"
+        for name in (
+            "ApiError",
+            "Conflict",
+            "DdpoError",
+            "Forbidden",
+            "Invalid",
+            "JobFailed",
+            "NotFound",
+            "ServerError",
+            "TooLarge",
+            "Unauthorized",
+            "Unavailable",
+            "WaitTimeout",
+        )
+    },
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ddpo' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 _writer: Any = None
 _steps = 0

@@ -97,11 +97,12 @@ def list_jobs(
 async def get_job(
     job_id: JobId, request: Request, db: DatabaseDep, cache: ReadCacheDep
 ) -> Response:
-    """What dashboards poll, about once a second each, so it is lean: the
-    same answer is shared until the next write (api/read_cache.py), read on
-    the event loop (a WAL-mode read takes well under a millisecond and never
-    waits for writers; a thread hand-off would cost more than the read) and
-    serialised once, without FastAPI re-checking the model it was built as."""
+    """One job: its status, progress, timing, attempts, result or error."""
+    # What dashboards poll, about once a second each, so it is lean: the
+    # same answer is shared until the next write (api/read_cache.py), read on
+    # the event loop (a WAL-mode read takes well under a millisecond and never
+    # waits for writers; a thread hand-off would cost more than the read) and
+    # serialised once, without FastAPI re-checking the model it was built as.
     return cached_answer(request, cache, lambda: views.read_job(db=db, job_id=job_id), JOB_TABLES)
 
 

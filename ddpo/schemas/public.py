@@ -335,10 +335,20 @@ class LogsPublic(BaseModel):
 # --- errors -------------------------------------------------------------------
 
 
-class Problem(BaseModel):
-    """Every 4xx but validation's 422: what went wrong, in words."""
+class FieldProblem(BaseModel):
+    """One thing wrong with a request, as a 422 lists them."""
 
-    detail: str
+    type: str
+    loc: list[str | int] = Field(description="Where: body, query or path, then the field")
+    msg: str = Field(description="Starts with the field's dotted name")
+    ctx: dict[str, str] | None = None
+
+
+class Problem(BaseModel):
+    """Every refusal: what went wrong, in words; a 422 from checking the
+    request's fields lists them, one entry per problem."""
+
+    detail: str | list[FieldProblem]
 
 
 def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:

@@ -56,6 +56,30 @@ def test_invalid_specs_get_422_naming_the_field(
     assert client.get("/jobs").json()["count"] == 0
 
 
+@pytest.mark.parametrize(
+    "body,said",
+    [
+        ({"performance": {"channel_last": True}}, "performance.channel_last: "),
+        ({"topology": {"num_machine": 2}}, "topology.num_machine: "),
+        ({"epoch": 2}, "epoch: "),
+    ],
+)
+def test_a_mistyped_field_gets_the_nearest_known_one_suggested(
+    client: httpx.Client, body: dict[str, Any], said: str
+) -> None:
+    response = client.post("/jobs", json=body)
+    assert response.status_code == 422, response.text
+    (message,) = [d["msg"] for d in response.json()["detail"]]
+    meant = {"performance": "channels_last", "topology": "num_machines", "epoch": "epochs"}
+    assert message.startswith(said) and f"(did you mean {meant[next(iter(body))]}?)" in message
+
+
+def test_a_field_near_nothing_known_gets_no_suggestion(client: httpx.Client) -> None:
+    response = client.post("/jobs", json={"performance": {"zzzz": 1}})
+    (message,) = [d["msg"] for d in response.json()["detail"]]
+    assert message.startswith("performance.zzzz: ") and "did you mean" not in message
+
+
 @pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b"null"])
 def test_bodies_that_are_not_a_spec_get_422(client: httpx.Client, content: bytes) -> None:
     response = client.post("/jobs", content=content, headers={"content-type": "application/json"})

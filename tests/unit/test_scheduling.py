@@ -85,6 +85,15 @@ def test_jobs_behind_a_waiting_job_wait_too() -> None:
     assert decisions[2].waiting_for_slots
 
 
+def test_a_job_wanting_more_nodes_than_are_live_says_so_not_that_it_waits_behind() -> None:
+    """3 machines on 2 live nodes: no wait behind another job would start it."""
+    decisions = plan([(1, spec(2)), (2, spec(3))], [node(1), node(2, free=0)])
+    assert isinstance(decisions[2], Pending)
+    assert decisions[2].code is PendingCode.NO_SUITABLE_NODES
+    assert decisions[2].reason.startswith("needs 3 live node(s)"), decisions[2].reason
+    assert "2 of 2 live node(s) qualify" in decisions[2].reason
+
+
 def test_a_job_no_node_could_ever_run_does_not_block_the_queue() -> None:
     decisions = plan([(1, spec(1, backend="nccl")), (2, spec(1))], [node(1)])
     assert isinstance(decisions[1], Pending)
