@@ -7,6 +7,7 @@ import atexit
 import ipaddress
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -128,6 +129,10 @@ def main(argv: list[str] | None = None) -> None:
     if announced is not None:
         announce(local_url(settings), announced)
         atexit.register(withdraw, local_url(settings))
+        # uvicorn shuts down on SIGTERM, then raises it again with the
+        # handler it found: the default one would end the process before
+        # atexit, leaving the note behind. An exit runs atexit.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     uvicorn.run(
         create_app(settings),
         host=settings.host,

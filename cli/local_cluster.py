@@ -73,8 +73,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="with --hosts: limit each worker's link to this many Mbit/s (tc tbf)",
     )
+    parser.add_argument(
+        "--script-dir",
+        type=Path,
+        default=Path(os.environ["DDPO_SCRIPT_DIR"]) if os.environ.get("DDPO_SCRIPT_DIR") else None,
+        help="a directory of torchrun-style scripts the workers offer to jobs (a relative "
+        "path is taken from here) [DDPO_SCRIPT_DIR]",
+    )
     add_study_arguments(parser)
     add_spec_arguments(parser)
+
+
+def script_dir_args(given: Path | None) -> list[str]:
+    """The workers' --script-dir: absolute (they run elsewhere), and there."""
+    if given is None:
+        return []
+    where = given.expanduser().resolve()
+    if not where.is_dir():
+        raise SystemExit(f"--script-dir: {given} ({where}) is not a directory")
+    return ["--script-dir", str(where)]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
             workers=workers,
             port=port,
             hosts=hosts,
+            worker_args=script_dir_args(args.script_dir),
         )
         try:
             return _run_on(cluster, args, workers)

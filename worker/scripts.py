@@ -34,6 +34,17 @@ def scan(directory: Path | None) -> list[ScriptOffer]:
     if directory is None:
         return []
     root = directory.resolve()
+    if not root.is_dir():
+        # Said loudly: a job naming a script here would wait for a node that
+        # offers it, and nothing else would say why.
+        log.warning(
+            "the script directory %s (DDPO_SCRIPT_DIR / --script-dir %s%s) is not a directory: "
+            "this node offers no scripts",
+            root,
+            directory,
+            ", relative to the worker's working directory" if not directory.is_absolute() else "",
+        )
+        return []
     found: list[ScriptOffer] = []
     for path in sorted(root.rglob("*.py")):
         relative = path.relative_to(root).as_posix()

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter, HTTPException
-from fastapi.responses import FileResponse, RedirectResponse
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import FileResponse, RedirectResponse, Response
 
 from api import route_table
 from api.routes import endpoint
@@ -42,9 +42,23 @@ def _plotly_js() -> Path:
     return Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
 
 
+def _one_origin(request: Request) -> RedirectResponse | None:
+    """A page asked for as ``localhost`` goes to the address it was served
+    on (``127.0.0.1``, what ``ddpo dashboard`` prints): a browser keeps the
+    token per origin, so one host under two names would ask for it twice.
+    The ``#token=`` of a link survives the redirect (browsers keep it)."""
+    name = (request.url.hostname or "").lower()
+    served_on = (request.scope.get("server") or (None, None))[0]
+    if name != "localhost" or not served_on or not str(served_on).startswith("127."):
+        return None
+    port = f":{request.url.port}" if request.url.port else ""
+    query = f"?{request.url.query}" if request.url.query else ""
+    return RedirectResponse(f"{request.url.scheme}://{served_on}{port}{request.url.path}{query}")
+
+
 @endpoint(router, route_table.DASHBOARD_ROOT)
-def root() -> RedirectResponse:
-    return RedirectResponse("/ui/jobs")
+def root(request: Request) -> RedirectResponse:
+    return _one_origin(request) or RedirectResponse("/ui/jobs")
 
 
 @endpoint(router, route_table.DASHBOARD_STATIC)
@@ -58,7 +72,10 @@ def static(name: str) -> FileResponse:
 
 @endpoint(router, route_table.DASHBOARD)
 @endpoint(router, route_table.DASHBOARD_PAGE)
-def page(page: str = "jobs") -> FileResponse:
+def page(request: Request, page: str = "jobs") -> Response:
     """Every page is the same shell; its script renders what the path names
     (jobs, jobs/<id>, submit, nodes)."""
+    moved = _one_origin(request)
+    if moved is not None:
+        return moved
     return FileResponse(ASSETS / "index.html", media_type="text/html", headers=PAGE_HEADERS)

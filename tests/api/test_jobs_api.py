@@ -192,6 +192,21 @@ def test_the_dashboards_files_come_with_headers_that_fence_the_page(
         assert headers["referrer-policy"] == "no-referrer"
 
 
+def test_the_dashboard_asked_for_as_localhost_moves_to_the_address_ddpo_dashboard_prints(
+    server: Any,
+) -> None:
+    """One origin, so the token the browser keeps for it is found again."""
+    port = server.url.rsplit(":", 1)[1]
+    with httpx.Client(base_url=f"http://localhost:{port}", timeout=10) as by_name:
+        for path in ("/", "/ui", "/ui/jobs/3?x=1"):
+            moved = by_name.get(path)
+            assert moved.status_code == 307, (path, moved.status_code)
+            assert moved.headers["location"] == f"http://127.0.0.1:{port}{path}", path
+        assert by_name.get("/healthz").status_code == 200  # the API answers under any name
+    with httpx.Client(base_url=server.url, timeout=10) as by_address:
+        assert by_address.get("/ui/jobs").status_code == 200
+
+
 def test_the_openapi_document_says_which_routes_need_a_bearer_token(
     client: httpx.Client,
 ) -> None:

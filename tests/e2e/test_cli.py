@@ -246,3 +246,40 @@ def test_a_one_shot_local_cluster_prints_the_jobs_json(mnist_dir: Path, tmp_path
     job = json.loads(done.stdout)  # stdout is the JSON alone; the progress went to stderr
     assert job["status"] == "succeeded" and job["result"]["test_accuracy"] > 0
     assert "starting a server" in done.stderr
+
+
+def test_a_local_cluster_runs_a_script_from_a_relative_script_dir(
+    mnist_dir: Path, tmp_path: Path
+) -> None:
+    """``--script-dir`` (or DDPO_SCRIPT_DIR) relative to where the user is,
+    not to where the workers run; a directory that is not there is said."""
+
+    def local_cluster(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "cli",
+                "local-cluster",
+                "--json",
+                "--data-dir",
+                str(mnist_dir),
+                "--state-dir",
+                str(tmp_path / "state"),
+                *args,
+            ],
+            cwd=REPO,
+            env={**{k: v for k, v in os.environ.items() if k != "DDPO_SCRIPT_DIR"}, **env},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+
+    script = ["--script", "torchrun_mlp.py", "--script-args", "--epochs 1 --steps-per-epoch 5"]
+    done = local_cluster(*script, env={"DDPO_SCRIPT_DIR": "examples/scripts"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = json.loads(done.stdout)
+    assert job["status"] == "succeeded" and job["spec"]["script"]["path"] == "torchrun_mlp.py"
+    missing = local_cluster("--script-dir", "no/such/dir", *script, env={})
+    assert missing.returncode != 0
+    assert "--script-dir: no/such/dir" in missing.stderr and "not a directory" in missing.stderr

@@ -131,7 +131,10 @@ def test_a_server_started_without_tokens_makes_them_and_clients_here_find_them(
         assert "(0 of 0)" in submitted.stdout
         # A restart: the same tokens, from the same file.
         assert cluster.server is not None
-        cluster.server.stop()
+        note = runtime / "ddpo" / f"server-{cluster.port}.json"
+        assert note.exists()
+        cluster.server.stop()  # SIGTERM
+        assert not note.exists(), "a server stopped by SIGTERM takes its note with it"
         cluster.start_server()
         assert ClusterTokens.made_by_server(made) == first
         assert httpx.get(f"{cluster.url}/jobs", headers=cluster.headers("admin")).is_success

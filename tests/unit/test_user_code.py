@@ -129,6 +129,16 @@ def test_a_script_directory_offers_the_scripts_a_job_can_name_and_nothing_outsid
     assert scripts.scan(None) == []
 
 
+def test_a_script_dir_that_is_not_there_is_said_with_where_it_was_looked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert scripts.scan(Path("scripts")) == []
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert str(tmp_path / "scripts") in warning and "relative to the worker's" in warning
+    assert "offers no scripts" in warning
+
+
 def test_each_script_process_gets_the_environment_torchrun_gives(tmp_path: Path) -> None:
     spec = JobSpec(
         script=ScriptRef(path="t.py"),
