@@ -497,6 +497,9 @@ function submitPage() {
     <div class="card">
       <form id="submit-form" class="spec">
         <label>Name <input name="name" placeholder="optional"></label>
+        <label>Runs <select name="runs"><option value="trainer:mnist">trainer mnist</option></select><small>a trainer the live nodes offer, or a script from their --script-dir</small></label>
+        <label>Params <textarea name="params" rows="3" placeholder='{"hidden": 128} (JSON; the trainer&#39;s schema says which)'></textarea><small id="params-schema"></small></label>
+        <label>Script arguments <input name="script_args" placeholder="--epochs 3 --lr 0.1"><small>for a script: as torchrun passes them</small></label>
         <label>Machines <input name="num_machines" type="number" min="1" value="1"><small>nodes, one part each</small></label>
         <label>Processes per machine <input name="num_processes" type="number" min="1" value="1"></label>
         <label>Backend <select name="backend"><option>gloo</option><option>nccl</option></select><small>nccl needs a GPU per process</small></label>
@@ -505,13 +508,39 @@ function submitPage() {
         <label>Learning rate <input name="lr" type="number" step="any" min="0" value="0.5"></label>
         <label>Seed <input name="seed" type="number" min="0" value="0"></label>
         <label>Max steps per epoch <input name="max_steps_per_epoch" type="number" min="1" placeholder="all"><small>a shorter run</small></label>
+        <label>Priority <input name="priority" type="number" min="-1000" max="1000" value="0"><small>higher starts first; may preempt lower ones</small></label>
+        <label>Restarts <input name="max_restarts" type="number" min="0" max="100" value="0"><small>new attempts after a lost node or a killed rank</small></label>
+        <label>Deadline <input name="max_run_seconds" type="number" min="1" step="any" placeholder="none"><small>seconds of running before it is failed</small></label>
         <div class="actions"><button class="primary" type="submit">Submit</button><span id="submit-problem" class="problem"></span></div>
       </form>
     </div>`;
+  const runs = document.querySelector("select[name=runs]");
+  const schemas = {};
+  api("/trainers").then((offered) => {
+    const options = [
+      ...offered.trainers.map((t) => {
+        schemas[`trainer:${t.name}`] = t.params_schema;
+        return `<option value="trainer:${esc(t.name)}">trainer ${esc(t.name)} ${esc(t.version)}</option>`;
+      }),
+      ...offered.scripts.map((s) => `<option value="script:${esc(s.path)}">script ${esc(s.path)}</option>`),
+    ];
+    if (options.length) runs.innerHTML = options.join("");
+    runs.value = "trainer:mnist";
+    showSchema();
+  }).catch(() => {});
+  const showSchema = () => {
+    const schema = schemas[runs.value];
+    const names = schema && schema.properties ? Object.keys(schema.properties) : [];
+    document.getElementById("params-schema").textContent =
+      names.length ? `params: ${names.join(", ")}` : "";
+  };
+  runs.addEventListener("change", showSchema);
   document.getElementById("submit-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     const form = new FormData(event.target);
     const number = (name) => Number(form.get(name));
+    const problem = document.getElementById("submit-problem");
+    problem.textContent = "";
     const spec = {
       topology: { num_machines: number("num_machines"), num_processes: number("num_processes") },
       backend: form.get("backend"),
@@ -519,11 +548,28 @@ function submitPage() {
       epochs: number("epochs"),
       lr: number("lr"),
       seed: number("seed"),
+      priority: number("priority"),
+      max_restarts: number("max_restarts"),
     };
+    const [kind, what] = String(form.get("runs")).split(/:(.*)/s);
+    if (kind === "script") {
+      const args = String(form.get("script_args") || "").trim();
+      spec.script = { path: what, args: args ? args.split(/\s+/) : [] };
+    } else {
+      spec.trainer = what;
+    }
+    const params = String(form.get("params") || "").trim();
+    if (params) {
+      try {
+        spec.params = JSON.parse(params);
+      } catch (error) {
+        problem.textContent = `params: not JSON (${error.message})`;
+        return;
+      }
+    }
     if (form.get("name")) spec.name = form.get("name");
     if (form.get("max_steps_per_epoch")) spec.max_steps_per_epoch = number("max_steps_per_epoch");
-    const problem = document.getElementById("submit-problem");
-    problem.textContent = "";
+    if (form.get("max_run_seconds")) spec.max_run_seconds = number("max_run_seconds");
     try {
       const job = await api("/jobs", { method: "POST", body: JSON.stringify(spec) });
       location.href = `/ui/jobs/${job.id}`;

@@ -106,6 +106,54 @@ def test_submit_watch_and_cancel_from_the_browser(
     page.screenshot(path=str(ARTIFACTS / "dashboard-nodes.png"), full_page=True)
 
 
+def test_the_submit_form_offers_trainers_params_scripts_priority_restarts_and_a_deadline(
+    page: Any, cluster: LocalCluster, jobs: Jobs
+) -> None:
+    assert cluster.tokens is not None
+    page.goto(f"{cluster.url}/ui/submit")
+    sign_in(page, cluster, cluster.tokens.user)
+    # What the live nodes offer: the example plugin's trainer and the scripts.
+    page.locator("select[name=runs] option[value='trainer:charlm']").wait_for(state="attached")
+    page.select_option("select[name=runs]", "trainer:charlm")
+    page.get_by_text("params: context, embed_dim").wait_for()
+    page.fill("textarea[name=params]", '{"hidden": 32, "steps_per_epoch": 5}')
+    page.fill("input[name=priority]", "-3")  # below the others': it preempts no test's job
+    page.fill("input[name=max_restarts]", "2")
+    page.fill("input[name=max_run_seconds]", "600")
+    page.click("button[type=submit]")
+    page.wait_for_url(re.compile(r"/ui/jobs/\d+$"))
+    plugin_job = int(page.url.rsplit("/", 1)[1])
+    spec = jobs.get(plugin_job)["spec"]
+    assert spec["trainer"] == "charlm" and spec["params"] == {"hidden": 32, "steps_per_epoch": 5}
+    assert (spec["priority"], spec["max_restarts"], spec["max_run_seconds"]) == (-3, 2, 600)
+
+    page.goto(f"{cluster.url}/ui/submit")
+    page.locator("select[name=runs] option[value='script:torchrun_mlp.py']").wait_for(
+        state="attached"
+    )
+    page.select_option("select[name=runs]", "script:torchrun_mlp.py")
+    page.fill("input[name=script_args]", "--epochs 1 --steps-per-epoch 5")
+    page.click("button[type=submit]")
+    page.wait_for_url(re.compile(r"/ui/jobs/\d+$"))
+    script_job = int(page.url.rsplit("/", 1)[1])
+    spec = jobs.get(script_job)["spec"]
+    assert spec["script"]["path"] == "torchrun_mlp.py"
+    assert spec["script"]["args"] == ["--epochs", "1", "--steps-per-epoch", "5"]
+
+    # A param the trainer does not take: the server's words, naming it.
+    page.goto(f"{cluster.url}/ui/submit")
+    page.locator("select[name=runs] option[value='trainer:charlm']").wait_for(state="attached")
+    page.select_option("select[name=runs]", "trainer:charlm")
+    page.fill("textarea[name=params]", '{"hiddn": 32}')
+    page.click("button[type=submit]")
+    page.locator("#submit-problem", has_text="params").wait_for()
+    page.fill("textarea[name=params]", "{not json")
+    page.click("button[type=submit]")
+    page.locator("#submit-problem", has_text="params: not JSON").wait_for()
+    for job_id in (plugin_job, script_job):
+        assert jobs.wait_done(job_id)["status"] == "succeeded", jobs.get(job_id)
+
+
 def test_a_read_token_watches_but_cannot_submit(page: Any, cluster: LocalCluster) -> None:
     assert cluster.tokens is not None
     page.goto(f"{cluster.url}/ui/nodes")
