@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import secrets
 import signal
 import socket
@@ -203,6 +204,9 @@ class LocalCluster:
     # On test hosts: pass each worker its host's address (False: let it
     # find its own, from its route to the server).
     advertise_address: bool = True
+    # Each worker its share of this host's cores (core_share); False: every
+    # worker takes them all, as separate hosts would.
+    divide_cores: bool = True
     # None: a SQLite file in the state directory. A PostgreSQL URL lets
     # several servers (``replicas``) share the database; each listens on a
     # port of its own, and worker i speaks to server i % replicas first,
@@ -350,13 +354,31 @@ class LocalCluster:
         return server
 
     def worker_placement(self, name: str) -> list[str]:
-        """Where a worker says it is: loopback, or its test host's address
-        and its share of the cores the hosts share."""
+        """Where a worker says it is (loopback, or its test host's address),
+        and its share of the cores the workers share."""
+        cpus = self.core_share(name)
         if self.hosts is None:
-            return ["--address", "127.0.0.1"]
-        share = max(1, cores.usable_cpus() // max(1, len(self.hosts.names) - 1))
+            return ["--address", "127.0.0.1", *cpus]
         advertised = ["--address", self.hosts.address(name)] if self.advertise_address else []
-        return [*advertised, "--cpus", str(share)]
+        return [*advertised, *cpus]
+
+    def core_share(self, name: str) -> list[str]:
+        """Workers on one host divide its cores: each counts its share
+        (``--cpus``: threads per rank follow) and, where the OS allows, runs
+        on a disjoint set of CPUs of its own (``--cpu-set``), so that jobs
+        at once run at the speed of their share instead of every worker's
+        ranks taking every core."""
+        if not self.divide_cores or (self.workers <= 1 and self.hosts is None):
+            return []
+        # On test hosts, one share per worker host (a spare may join later).
+        ways = max(1, self.workers, len(self.hosts.names) - 1 if self.hosts else 0)
+        count = max(1, cores.usable_cpus() // ways)
+        match = re.fullmatch(r"node-(\d+)", name)
+        index = int(match.group(1)) if match else len(self.worker_processes)
+        if not cores.can_pin():
+            return ["--cpus", str(count)]
+        share = cores.split(cores.cpu_list(), ways)[index % ways]
+        return ["--cpus", str(min(count, len(share))), "--cpu-set", cores.format_cpu_set(share)]
 
     def start_worker(self, name: str, *extra_args: str) -> ManagedProcess:
         work_dir = self.state_dir / name

@@ -5,7 +5,9 @@ JSON, unchanged)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import webbrowser
 from typing import Any
@@ -84,6 +86,13 @@ def add_submit(commands: Any) -> None:
         "--idempotency-key",
         help="submitting again with the same key returns the same job, never a second one",
     )
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print the job's id alone (JOB=$(ddpo submit -q ...)); with --wait, nothing "
+        "until the end",
+    )
     add_spec_arguments(parser)
     parser.set_defaults(run=run_submit)
 
@@ -97,17 +106,27 @@ def run_submit(args: argparse.Namespace) -> int:
             else f"job {job.id} has this Idempotency-Key already (the same spec): not "
             "submitted again"
         )
+        if args.quiet:
+            print(job.id, flush=True)
         if not args.wait:
             if args.json:
                 _print_json(job.model_dump(mode="json"))
-            else:
+            elif not args.quiet:
                 why = f": {job.pending_reason}" if job.pending_reason else ""
                 print(shown(f"{said} ({job.status.value}{why})"))
             return 0
-        if not args.json:
+        if not args.json and not args.quiet:
             print(said, flush=True)
         try:
-            job = follow(api, job.id, out=sys.stderr if args.json else sys.stdout)
+            with contextlib.ExitStack() as stack:
+                watching = (
+                    stack.enter_context(open(os.devnull, "w"))
+                    if args.quiet
+                    else sys.stderr
+                    if args.json
+                    else sys.stdout
+                )
+                job = follow(api, job.id, out=watching)
         except KeyboardInterrupt:
             # Ctrl-C stops the watching, not the job: say how to do either.
             print(
@@ -120,7 +139,7 @@ def run_submit(args: argparse.Namespace) -> int:
             return 130
     if args.json:
         _print_json(job.model_dump(mode="json"))
-    else:
+    elif not args.quiet:
         print(render.summary(job))
     return 0 if job.status is JobStatus.SUCCEEDED else 1
 

@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from worker import cores
 from worker.daemon import Worker
 from worker.settings import WorkerSettings
 
@@ -94,6 +95,13 @@ def _add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
         "[DDPO_WORKER_CPUS, default: the affinity mask and the cgroup CPU quota]",
     )
     parser.add_argument(
+        "--cpu-set",
+        dest="cpu_set",
+        metavar="LIST",
+        help="run this worker and its ranks on these CPUs only (0-3,6), e.g. its share of a "
+        "host other workers share; --cpus defaults to their number [DDPO_WORKER_CPU_SET]",
+    )
+    parser.add_argument(
         "--slots", type=int, help="job parts run at once [DDPO_WORKER_SLOTS, default 1]"
     )
     parser.add_argument(
@@ -129,7 +137,15 @@ def parse_settings(argv: list[str] | None = None) -> WorkerSettings:
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(Worker(parse_settings(argv)).run())
+    settings = parse_settings(argv)
+    if settings.cpus_pinned is not None:
+        # Before anything starts: the fork server and every rank inherit it,
+        # and the node's cores are counted from it.
+        try:
+            cores.pin(settings.cpus_pinned)
+        except ValueError as exc:
+            sys.exit(f"ddpo-worker: --cpu-set: {exc}")
+    sys.exit(Worker(settings).run())
 
 
 if __name__ == "__main__":

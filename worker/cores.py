@@ -104,3 +104,78 @@ def usable_cpus(declared: int | None = None) -> int:
     quota = cgroup_cpus()
     affinity = affinity_cpus()
     return min(affinity, quota) if quota is not None else affinity
+
+
+# --- a CPU set of its own -----------------------------------------------------
+# Workers sharing a host (``ddpo local-cluster --workers 2``) each get a
+# disjoint set of its cores: without one, every worker's ranks run a thread
+# per core of the whole host, and two jobs at once oversubscribe it (in
+# BENCHMARKS.md, two 1 x 1 jobs at once ran 4 x slower than one alone).
+
+
+def parse_cpu_set(text: str) -> frozenset[int]:
+    """``0-3,6`` (as taskset and cgroups write them) -> {0, 1, 2, 3, 6}."""
+    found: set[int] = set()
+    for piece in text.replace(" ", "").split(","):
+        low, dash, high = piece.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise ValueError(f"{text!r} is not a CPU list like 0-3,6")
+        first, last = int(low), int(high) if dash else int(low)
+        if last < first or last >= 4096:
+            raise ValueError(f"{piece!r}: a range low-high of CPUs 0 to 4095")
+        found.update(range(first, last + 1))
+    return frozenset(found)
+
+
+def format_cpu_set(cpus: frozenset[int] | list[int]) -> str:
+    """The shortest CPU list for ``cpus`` (``0-3,6``)."""
+    ordered = sorted(cpus)
+    pieces: list[str] = []
+    start = previous = ordered[0]
+    for cpu in [*ordered[1:], None]:
+        if cpu is not None and cpu == previous + 1:
+            previous = cpu
+            continue
+        pieces.append(str(start) if start == previous else f"{start}-{previous}")
+        if cpu is not None:
+            start = previous = cpu
+    return ",".join(pieces)
+
+
+def can_pin() -> bool:
+    return hasattr(os, "sched_setaffinity")
+
+
+def cpu_list() -> list[int]:
+    """The CPUs this process may run on, in order."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def pin(cpus: frozenset[int]) -> None:
+    """This process and every process it starts from now on run on ``cpus``
+    (ranks inherit the mask). ValueError if none of them may be used here."""
+    if not can_pin():
+        return
+    allowed = set(os.sched_getaffinity(0))
+    if not cpus & allowed:
+        raise ValueError(
+            f"none of CPUs {format_cpu_set(cpus)} is available here "
+            f"(this process may use {format_cpu_set(frozenset(allowed))})"
+        )
+    os.sched_setaffinity(0, cpus & allowed)
+
+
+def split(cpus: list[int], ways: int) -> list[list[int]]:
+    """``cpus`` in ``ways`` disjoint runs as even as possible; with fewer
+    CPUs than ways, one CPU each, shared round-robin (nothing better exists)."""
+    if ways <= len(cpus):
+        size, extra = divmod(len(cpus), ways)
+        shares, at = [], 0
+        for index in range(ways):
+            take = size + (1 if index < extra else 0)
+            shares.append(cpus[at : at + take])
+            at += take
+        return shares
+    return [[cpus[index % len(cpus)]] for index in range(ways)]

@@ -10,6 +10,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ddpo.schemas import NAME_PATTERN
+from worker import cores
 
 
 def _default_name() -> str:
@@ -48,6 +49,12 @@ class WorkerSettings(BaseSettings):
         le=4096,
         description="Cores this node's ranks share; None: the affinity mask and the "
         "cgroup CPU quota",
+    )
+    cpu_set: str | None = Field(
+        None,
+        max_length=4096,
+        description="The CPUs this worker and its ranks run on (a CPU list: 0-3,6), "
+        "e.g. its share of a host other workers share; None: those it was started with",
     )
     slots: int = Field(1, ge=1, le=64, description="Job parts run at once")
     gpus: int | None = Field(None, ge=0, description="GPUs offered; None: count them")
@@ -121,6 +128,17 @@ class WorkerSettings(BaseSettings):
             if ":" not in target:
                 raise ValueError(f"trainer {name!r}: {target!r} is not 'module:attribute'")
         return value
+
+    @field_validator("cpu_set")
+    @classmethod
+    def _a_cpu_list(cls, value: str | None) -> str | None:
+        if value is not None:
+            cores.parse_cpu_set(value)  # its ValueError names what is wrong
+        return value
+
+    @property
+    def cpus_pinned(self) -> frozenset[int] | None:
+        return cores.parse_cpu_set(self.cpu_set) if self.cpu_set is not None else None
 
     @model_validator(mode="after")
     def _work_dir_of_its_name(self) -> WorkerSettings:

@@ -6,6 +6,7 @@ directory is replaced (README's ../shared/data is relative to a clone)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -34,27 +35,66 @@ STUDIES = "### Scaling studies"
 PEOPLE = "### People: keys, owners and the audit log"
 PREEMPTION = "### Preemption, drain and stopping at a step"
 ELASTIC = "### Elastic jobs"
+CLIENT = "### From Python: `ddpo.Client`"
+OWN_TRAINING = "### Your own training"
 
 
-def shell_blocks(heading: str) -> list[str]:
+def shell_blocks(heading: str, language: str = "sh") -> list[str]:
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index(heading) + len(heading) :]
     section = re.split(r"\n##+ ", section, maxsplit=1)[0]
-    return re.findall(r"```sh\n(.*?)```", section, re.S)
+    return re.findall(rf"```{language}\n(.*?)```", section, re.S)
+
+
+def as_here(line: str, mnist_dir: Path) -> str:
+    """A README command line as this checkout runs it: its virtualenv's
+    ddpo, the data directory and the example scripts where they are."""
+    line = line.replace(".venv/bin/ddpo", f"{sys.executable} -m cli")
+    line = line.replace("../shared/data", str(mnist_dir))
+    return line.replace(" examples/scripts", f" {REPO / 'examples/scripts'}")
+
+
+def run_the_first_command(mnist_dir: Path, cwd: Path, env: dict[str, str]) -> None:
+    """README's command 1 (its job, cut short): what a user has run before
+    the sections after it, so their cluster's database is not empty."""
+    block = shell_blocks("## Two commands")[0]
+    (line,) = [line for line in block.splitlines() if "ddpo local-cluster" in line]
+    first = line.split("&& ")[-1]
+    assert first == ".venv/bin/ddpo local-cluster --data-dir ../shared/data", first
+    shown = succeeded(
+        ["bash", "-c", f"{as_here(first, mnist_dir)} --max-steps-per-epoch 10"], cwd, env
+    )
+    assert "job 1 succeeded" in shown, shown
+
+
+def succeeded(command: list[str], cwd: Path, env: dict[str, str], timeout_s: float = 400) -> str:
+    """What ``command`` printed, once it has exited 0."""
+    done = subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
 
 
 @contextlib.contextmanager
 def kept_cluster(
-    mnist_dir: Path, cwd: Path, monkeypatch: pytest.MonkeyPatch, **settings: str
+    mnist_dir: Path,
+    cwd: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    after_the_first_command: bool = False,
+    start: str | None = None,
+    **settings: str,
 ) -> Iterator[tuple[dict[str, str], kept.KeptCluster]]:
     """README's first terminal: ``ddpo local-cluster --keep --workers 2``, as
-    written in its curl section; the environment of the second terminal."""
+    written in its curl section (or ``start``); the environment of the second
+    terminal. ``after_the_first_command``: in the directory where README's
+    command 1 ran its job (the kept cluster reuses ./local-cluster)."""
     if not port_free(KEPT_PORT):
         pytest.fail(f"README's examples need localhost:{KEPT_PORT}, which is taken here")
-    start = shell_blocks(CURL)[0].splitlines()[1]
+    start = start or shell_blocks(CURL)[0].splitlines()[1]
     assert start.startswith(".venv/bin/ddpo local-cluster --keep"), start
-    start = start.replace(".venv/bin/ddpo", f"{sys.executable} -m cli")
-    start = start.replace("../shared/data", str(mnist_dir))
+    start = as_here(start, mnist_dir)
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("DDPO_")},
         "DDPO_CLUSTER_FILE": str(cwd / "cluster.json"),
@@ -63,6 +103,8 @@ def kept_cluster(
     # ``settings``: the server's (the cluster's processes inherit them).
     env.update(settings)
     monkeypatch.setenv("DDPO_CLUSTER_FILE", env["DDPO_CLUSTER_FILE"])
+    if after_the_first_command:
+        run_the_first_command(mnist_dir, cwd, env)
     with subprocess.Popen(
         ["bash", "-c", f"exec {start}"],
         cwd=cwd,
@@ -106,25 +148,36 @@ def test_readmes_kept_cluster_and_curl_lines_work_as_written(
 ) -> None:
     setup, submit_and_read, after_the_job = shell_blocks(CURL)
     assert setup.splitlines()[-1] == "source local-cluster/tokens.env"
-    with kept_cluster(mnist_dir, tmp_path, monkeypatch) as (env, found):
+    with kept_cluster(mnist_dir, tmp_path, monkeypatch, after_the_first_command=True) as (
+        env,
+        found,
+    ):
         prelude = "source local-cluster/tokens.env"
         shown = run_block(prelude, submit_and_read, tmp_path, env)
         assert '"name":"mnist-2x1"' in shown.replace(" ", "")
         headers = {"Authorization": f"Bearer {found.token}"}
+        jobs = httpx.get(f"{found.server}/jobs", headers=headers, timeout=10).json()["data"]
+        by_name = {j["name"]: j for j in jobs}
+        job_id = by_name["mnist-2x1"]["id"]
+        nightly = next(j for j in jobs if j["spec"]["max_run_seconds"] == 3600)
+        assert job_id > 1 and nightly["status"] in ("cancelled", "cancelling"), nightly
+        # Command 1's job stays as it was: the lines touch only their own jobs.
+        assert httpx.get(f"{found.server}/jobs/1", headers=headers).json()["status"] == (
+            "succeeded"
+        )
         deadline = time.monotonic() + 240
-        while True:  # as a user waits for job 1 to end
-            job = httpx.get(f"{found.server}/jobs/1", headers=headers, timeout=10).json()
+        while True:  # as a user waits for the job to end
+            job = httpx.get(f"{found.server}/jobs/{job_id}", headers=headers, timeout=10).json()
             if job["status"] in ("succeeded", "failed", "cancelled"):
                 break
-            assert time.monotonic() < deadline, f"job 1 did not end: {job}"
+            assert time.monotonic() < deadline, f"job {job_id} did not end: {job}"
             time.sleep(1)
         assert job["status"] == "succeeded", job["error"]
-        shown = run_block(prelude, after_the_job, tmp_path, env)
+        # The second block, in the same shell as the first: $JOB is still set.
+        shown = run_block(prelude, after_the_job, tmp_path, {**env, "JOB": str(job_id)})
         assert "Test set: average loss" in shown
         checkpoint = torch.load(tmp_path / "model.pt", weights_only=False)
         assert "model" in checkpoint
-        cancelled = httpx.get(f"{found.server}/jobs/2", headers=headers, timeout=10).json()
-        assert cancelled["status"] in ("cancelled", "cancelling")
 
         # Keys, owners and the audit log, on the same cluster.
         (people,) = shell_blocks(PEOPLE)
@@ -148,16 +201,25 @@ def test_readmes_cli_lines_work_as_written(
     mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (block,) = shell_blocks(CLI)
-    with kept_cluster(mnist_dir, tmp_path, monkeypatch) as (env, _found):
+    with kept_cluster(mnist_dir, tmp_path, monkeypatch, after_the_first_command=True) as (
+        env,
+        found,
+    ):
         # The second terminal activates this checkout's virtualenv.
         prelude = f"source {sys.prefix}/bin/activate"
         block = block.replace("source .venv/bin/activate\n", "")
         block = block.replace("../shared/data", str(mnist_dir))
         shown = run_block(prelude, block, tmp_path, env, timeout_s=600)
-    assert "job 3 succeeded" in shown  # submit --wait
-    assert "job 4 cancell" in shown  # the nightly job, cancelled
+        headers = {"Authorization": f"Bearer {found.token}"}
+        first = httpx.get(f"{found.server}/jobs/1", headers=headers, timeout=10).json()
+    assert first["status"] == "succeeded" and first["name"] is None  # command 1's, untouched
+    waited = re.search(r"^job (\d+) succeeded: ", shown, re.M)  # submit --wait's summary
+    assert waited and int(waited.group(1)) > 1, shown
+    assert re.search(r"^job (\d+) cancell", shown, re.M), shown  # the nightly job, cancelled
     assert re.search(r"^1 x 2 .* succeeded$", shown, re.M), shown  # the study's table
     assert "Test set: average loss" in shown  # logs
+    assert re.search(r"^job \d+'s model: model.pt \(", shown, re.M), shown
+    assert "conv1.weight" in torch.load(tmp_path / "model.pt", weights_only=False)["model"]
     assert "job 1 succeeded" in shown  # the one-shot local cluster's own job
 
 
@@ -255,3 +317,55 @@ def test_readmes_elastic_lines_work_as_written(
     assert elastic["attempts"][1]["global_batch"] == 2 * 128
     assert second["status"] == "succeeded", second["error"]
     assert second["spec"]["topology"] == {"num_machines": 1, "max_machines": 2, "num_processes": 1}
+
+
+@pytest.mark.timeout(600)
+def test_readmes_client_scripts_run_as_written(
+    mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both Python examples, as files a user saves and runs, on the kept
+    cluster after command 1's job."""
+    sync_example, async_example = shell_blocks(CLIENT, "python")
+    with kept_cluster(mnist_dir, tmp_path, monkeypatch, after_the_first_command=True) as (
+        env,
+        found,
+    ):
+        shown = {}
+        for name, code in (("sync", sync_example), ("async", async_example)):
+            (tmp_path / f"{name}.py").write_text(code)
+            shown[name] = succeeded([sys.executable, f"{name}.py"], tmp_path, env)
+        headers = {"Authorization": f"Bearer {found.token}"}
+        first = httpx.get(f"{found.server}/jobs/1", headers=headers, timeout=10).json()
+    assert first["status"] == "succeeded"
+    lines = shown["sync"].splitlines()
+    assert any("Test set: average loss" in line for line in lines), lines
+    assert re.search(r"^test accuracy \d+\.\d+%$", shown["sync"], re.M), lines
+    assert "failed: deadline" in lines and "invalid: ['topology.num_machines']" in lines, lines
+    listed = next(line for line in lines if line.startswith("["))
+    assert 1 in json.loads(listed), listed  # command 1's job, among the succeeded
+    assert "conv1.weight" in torch.load(tmp_path / "model.pt", weights_only=False)["model"]
+    assert re.fullmatch(r"\['\d+\.\d+%', '\d+\.\d+%'\]\n", shown["async"]), shown["async"]
+
+
+@pytest.mark.timeout(600)
+def test_readmes_script_lines_work_as_written(
+    mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (block,) = shell_blocks(OWN_TRAINING)
+    lines = block.splitlines()
+    start = next(line for line in lines if line.startswith(".venv/bin/ddpo local-cluster"))
+    assert "--script-dir examples/scripts" in start
+    second = block[block.index("# Terminal 2:") :]
+    second = second.replace("source .venv/bin/activate", f"source {sys.prefix}/bin/activate")
+    with kept_cluster(
+        mnist_dir, tmp_path, monkeypatch, after_the_first_command=True, start=start
+    ) as (env, _found):
+        shown = run_block("", second, tmp_path, env, timeout_s=480)
+    assert "torchrun_mlp.py" in shown  # ddpo trainers
+    assert re.search(
+        r"^job \d+ succeeded: 2 machine\(s\) x 1 process\(es\), script "
+        r"torchrun_mlp.py --epochs 1, gloo$",
+        shown,
+        re.M,
+    ), shown
+    assert shown.count("succeeded: 2 machine(s) x 1 process(es), script torchrun_mlp.py") == 2
