@@ -101,8 +101,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = bench_parser(__doc__)
     parser.add_argument("--steps", type=int, default=200, help="steps per job")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--divided-only",
+        action="store_true",
+        help="leave out the cluster whose workers each take every core (minutes) and the study",
+    )
     args = parser.parse_args(argv)
     divided = one_cluster(args.data_dir, True, args.steps, args.rounds)
+    if args.divided_only:
+        return
     shared = one_cluster(args.data_dir, False, args.steps, args.rounds)
     print(
         f"two at once, divided vs every core each: {divided['together_s']:.1f} s vs "
