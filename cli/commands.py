@@ -202,9 +202,9 @@ def run_cancel(args: argparse.Namespace) -> int:
         for job_id in args.job_ids:
             try:
                 response = api.post(f"/jobs/{job_id}/cancel", f"cancel job {job_id}")
-            except Unreachable:
-                raise
             except CliError as exc:
+                if isinstance(exc, Unreachable) or len(args.job_ids) == 1:
+                    raise  # the one line that says it all
                 refused.append(str(exc))
                 print(shown(f"ddpo {exc}"), file=sys.stderr)
                 continue

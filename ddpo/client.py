@@ -29,6 +29,7 @@ this host made for itself (as the CLI finds them).
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -523,8 +524,10 @@ class Client(_Base):
         filters = {"machine_id": machine_id, "rank": rank}
         cursor = _LogCursor(since)
         patience = _Patience(self.patience_s, self.say)
+        # Only a follow waits out an absent server: a plain read says so at once.
+        read = functools.partial(self._patiently, patience=patience) if follow else self.call
         if tail is not None:
-            page = self._patiently(Calls.log_page(job, since, {**filters, "tail": tail}), patience)
+            page = read(Calls.log_page(job, since, {**filters, "tail": tail}))
             yield from cursor.fresh(page.lines)
             if not follow:
                 return
@@ -536,7 +539,7 @@ class Client(_Base):
                 except Unavailable as error:
                     time.sleep(patience.missed(error))
                     continue
-            page = self._patiently(Calls.log_page(job, cursor.since, filters), patience)
+            page = read(Calls.log_page(job, cursor.since, filters))
             yield from cursor.fresh(page.lines)
             if not page.lines and (not follow or page.job_status.is_terminal()):
                 return
@@ -768,10 +771,9 @@ class AsyncClient(_Base):
         filters = {"machine_id": machine_id, "rank": rank}
         cursor = _LogCursor(since)
         patience = _Patience(self.patience_s, self.say)
+        read = functools.partial(self._patiently, patience=patience) if follow else self.call
         if tail is not None:
-            page = await self._patiently(
-                Calls.log_page(job, since, {**filters, "tail": tail}), patience
-            )
+            page = await read(Calls.log_page(job, since, {**filters, "tail": tail}))
             for line in cursor.fresh(page.lines):
                 yield line
             if not follow:
@@ -785,7 +787,7 @@ class AsyncClient(_Base):
                 except Unavailable as error:
                     await asyncio.sleep(patience.missed(error))
                     continue
-            page = await self._patiently(Calls.log_page(job, cursor.since, filters), patience)
+            page = await read(Calls.log_page(job, cursor.since, filters))
             for line in cursor.fresh(page.lines):
                 yield line
             if not page.lines and (not follow or page.job_status.is_terminal()):

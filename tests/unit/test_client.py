@@ -179,3 +179,17 @@ def test_importing_ddpo_for_a_training_script_does_not_import_the_client() -> No
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     )
     assert shown.stdout.strip() == "False"
+
+
+def test_a_plain_read_of_the_logs_says_at_once_that_the_server_is_away() -> None:
+    """Only a follow waits a server out; ``ddpo logs 3`` with no server must
+    not sit there for ten minutes."""
+
+    def away(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused")
+
+    with Client("http://ddpo.test", "t", transport=httpx.MockTransport(away)) as client:
+        with pytest.raises(ddpo.Unavailable, match=r"cannot reach the server at http://ddpo\.test"):
+            list(client.logs(3))
+        with pytest.raises(ddpo.Unavailable):
+            list(client.logs(3, tail=5))
