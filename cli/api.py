@@ -6,6 +6,7 @@ prints it as one line and exits non-zero. No command shows a traceback.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -108,28 +109,17 @@ class Api:
         return self.request("POST", path, doing, **kwargs)
 
 
-def riding_out_restarts(
-    attempt: Callable[[], T],
-    *,
-    say: Callable[[str], None],
-    pause_s: float = 1.0,
-    max_pause_s: float = 5.0,
-) -> T:
+def riding_out_restarts(attempt: Callable[[], T], *, say: Callable[[str], None]) -> T:
     """``attempt()`` again, with a growing pause, while the server is away or
     failing (a restart, a deploy): the job runs on without it. Says so once,
-    and once more when the server is back. Other errors pass through."""
-    away_since = None
+    and once more when the server is back (the client's own patience, with
+    no limit: Ctrl-C stops it). Other errors pass through."""
+    patience = ddpo_client.Patience(math.inf, say)
     while True:
         try:
             value = attempt()
         except (Unreachable, ServerFailed) as exc:
-            reason = str(exc)
-        else:
-            if away_since is not None:
-                say(f"the server is back after {time.monotonic() - away_since:.0f} s")
-            return value
-        if away_since is None:
-            away_since = time.monotonic()
-            say(f"{reason}; retrying until it answers (Ctrl-C to stop watching)")
-        time.sleep(pause_s)
-        pause_s = min(pause_s * 2, max_pause_s)
+            time.sleep(patience.missed(Unavailable(str(exc))))
+            continue
+        patience.answered()
+        return value

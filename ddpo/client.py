@@ -315,7 +315,7 @@ class _LogCursor:
         return [line for line in lines if self.take(line)]
 
 
-class _Patience:
+class Patience:
     """How long a watcher waits out an absent server: a growing pause, at
     most ``limit_s`` in a row; ``say`` hears when it starts and ends."""
 
@@ -431,7 +431,7 @@ class Client(_Base):
         )
         return call.read(response)
 
-    def _patiently(self, call: Call[T], patience: _Patience) -> T:
+    def _patiently(self, call: Call[T], patience: Patience) -> T:
         while True:
             try:
                 value = self.call(call)
@@ -488,7 +488,7 @@ class Client(_Base):
     ) -> JobPublic:
         """The job once it has ended. Raises :class:`JobFailed` (with the
         reason) unless it succeeded, :class:`WaitTimeout` after ``timeout_s``."""
-        patience = _Patience(self.patience_s, self.say)
+        patience = Patience(self.patience_s, self.say)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             seen = self._patiently(Calls.get(job), patience)
@@ -523,7 +523,7 @@ class Client(_Base):
         after the last line given. ``tail``: start with the last N lines."""
         filters = {"machine_id": machine_id, "rank": rank}
         cursor = _LogCursor(since)
-        patience = _Patience(self.patience_s, self.say)
+        patience = Patience(self.patience_s, self.say)
         # Only a follow waits out an absent server: a plain read says so at once.
         read = functools.partial(self._patiently, patience=patience) if follow else self.call
         if tail is not None:
@@ -692,7 +692,7 @@ class AsyncClient(_Base):
         )
         return call.read(response)
 
-    async def _patiently(self, call: Call[T], patience: _Patience) -> T:
+    async def _patiently(self, call: Call[T], patience: Patience) -> T:
         while True:
             try:
                 value = await self.call(call)
@@ -739,7 +739,7 @@ class AsyncClient(_Base):
     async def wait(
         self, job: JobRef, timeout_s: float | None = None, *, interval_s: float = 1.0
     ) -> JobPublic:
-        patience = _Patience(self.patience_s, self.say)
+        patience = Patience(self.patience_s, self.say)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             seen = await self._patiently(Calls.get(job), patience)
@@ -770,7 +770,7 @@ class AsyncClient(_Base):
     ) -> AsyncIterator[LogLinePublic]:
         filters = {"machine_id": machine_id, "rank": rank}
         cursor = _LogCursor(since)
-        patience = _Patience(self.patience_s, self.say)
+        patience = Patience(self.patience_s, self.say)
         read = functools.partial(self._patiently, patience=patience) if follow else self.call
         if tail is not None:
             page = await read(Calls.log_page(job, since, {**filters, "tail": tail}))
