@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
@@ -26,6 +27,7 @@ import httpx
 from cli.api import Api
 from cli.hosts import TestHosts
 from ddpo import local_tokens
+from ddpo.schemas import NodePublic, NodesPublic
 from worker import cores
 
 
@@ -218,6 +220,7 @@ class LocalCluster:
     replica_ports: list[int] = field(default_factory=list)
     worker_processes: list[ManagedProcess] = field(default_factory=list)
     _lock: IO[str] | None = field(default=None, init=False, repr=False)
+    _started_at: datetime | None = field(default=None, init=False, repr=False)
 
     @property
     def server_address(self) -> str:
@@ -298,6 +301,8 @@ class LocalCluster:
                 self.start_replica(timeout_s)
             if self.server_makes_tokens:
                 self.tokens = ClusterTokens.made_by_server(self.state_dir / "ddpo-tokens.env")
+            # Registrations from now on carry a later time (the same clock).
+            self._started_at = datetime.now(timezone.utc)
             for index in range(self.workers):
                 self.start_worker(f"node-{index}")
             self.wait_for_nodes(self.workers, timeout_s)
@@ -417,11 +422,24 @@ class LocalCluster:
         return worker
 
     def wait_for_nodes(self, count: int, timeout_s: float = 60.0) -> None:
+        """``count`` live nodes heard from since this cluster started: in a
+        state directory used before (``ddpo local-cluster``, then ``--keep``),
+        the database still holds the last run's nodes as live until the new
+        server judges them, and a job placed on one before its worker has
+        registered again would fail when it does."""
+        since = self._started_at
+
+        def heard_since(node: NodePublic) -> bool:
+            heard = node.last_heartbeat_at
+            heard = heard if heard.tzinfo else heard.replace(tzinfo=timezone.utc)
+            return since is None or heard >= since
+
         def enough() -> bool:
-            live = httpx.get(
-                f"{self.url}/nodes?state=live", timeout=5, headers=self.headers("read")
-            ).json()
-            return int(live["count"]) >= count
+            answer = httpx.get(
+                f"{self.url}/nodes?state=live&limit=1000", timeout=5, headers=self.headers("read")
+            )
+            live = NodesPublic.model_validate_json(answer.content).data
+            return sum(1 for node in live if heard_since(node)) >= count
 
         self._wait(enough, timeout_s, f"{count} live node(s)", None)
 
