@@ -82,25 +82,9 @@ RESUME_STEP_ENV = "DDPO_RESUME_STEP"
 # The client and its errors, loaded on first use (a training script that
 # only reports never imports httpx).
 _LAZY = {
-    "Client": "ddpo.client",
-    "AsyncClient": "ddpo.client",
-    **{
-        name: "ddpo.errors"
-        for name in (
-            "ApiError",
-            "Conflict",
-            "DdpoError",
-            "Forbidden",
-            "Invalid",
-            "JobFailed",
-            "NotFound",
-            "ServerError",
-            "TooLarge",
-            "Unauthorized",
-            "Unavailable",
-            "WaitTimeout",
-        )
-    },
+    name: "ddpo.client" if name.endswith("Client") else "ddpo.errors"
+    for name in __all__
+    if name[0].isupper()
 }
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -155,10 +154,8 @@ def test_a_submit_puts_the_topology_shortcuts_in_the_topology() -> None:
         sent.append((json.loads(request.content), request.headers.get("idempotency-key")))
         return httpx.Response(422, json={"detail": "stop here"})
 
-    make: Callable[[], Client] = lambda: Client(  # noqa: E731
-        "http://ddpo.test", "t", transport=httpx.MockTransport(server)
-    )
-    with make() as client, pytest.raises(ddpo.Invalid):
+    client = Client("http://ddpo.test", "t", transport=httpx.MockTransport(server))
+    with client, pytest.raises(ddpo.Invalid):
         client.submit(
             {"epochs": 2, "topology": {"num_processes": 2}},
             num_machines=3,
