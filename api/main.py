@@ -48,6 +48,7 @@ from api.routes import (
     queue,
     reference,
     studies,
+    sweeps,
     trainers,
 )
 from api.routes.off_loop import BodyDecoders
@@ -126,6 +127,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         jobs.router,
         queue.router,
         studies.router,
+        sweeps.router,
         nodes.router,
         parts.router,
         trainers.router,

@@ -61,6 +61,11 @@ LIST_STUDIES = Route("GET", "/studies", READ)
 GET_STUDY = Route("GET", "/studies/{study_id}", READ)
 CANCEL_STUDY = Route("POST", "/studies/{study_id}/cancel", WRITE)
 
+SUBMIT_SWEEP = Route("POST", "/sweeps", WRITE)
+LIST_SWEEPS = Route("GET", "/sweeps", READ)
+GET_SWEEP = Route("GET", "/sweeps/{sweep_id}", READ)
+CANCEL_SWEEP = Route("POST", "/sweeps/{sweep_id}/cancel", WRITE)
+
 # People: per-person keys (admins hand them out) and what was done with them.
 CREATE_KEY = Route("POST", "/keys", ADMIN)
 LIST_KEYS = Route("GET", "/keys", ADMIN)

@@ -8,7 +8,7 @@ import re
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from cli import commands, local_cluster, people, studies
+from cli import commands, local_cluster, people, studies, sweeps
 from cli.api import DEFAULT_SERVER, CliError
 from cli.terminal import shown
 
@@ -97,6 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     studies.add_arguments(study)
     study.set_defaults(run=studies.run)
+    sweep = subcommands.add_parser(
+        "sweep",
+        help="hyperparameter sweeps: submit, show (live), cancel, list",
+        description=sweeps.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sweeps.add_arguments(sweep)
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))

@@ -21,6 +21,7 @@ from ddpo.schemas import (
 )
 from ddpo.schemas.people import AuditPublic, KeysPublic
 from ddpo.schemas.public import QueuePublic, TrainersPublic
+from ddpo.schemas.sweep import Choice, SweepPublic, SweepsPublic
 
 P = ParamSpec("P")
 
@@ -304,4 +305,69 @@ def audit_table(audit: AuditPublic) -> str:
         )
     if audit.next_before is not None:
         lines.append(f"(older entries: --before {audit.next_before})")
+    return "\n".join(lines)
+
+
+def _value(value: Choice) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return one_line(str(value))
+
+
+@_for_terminal
+def sweep_table(sweep: SweepPublic) -> str:
+    """One row per trial: its values, state, step and objective; the best
+    trial marked with *."""
+    names = list(sweep.space)
+    objective = f"{sweep.objective.metric} ({sweep.objective.direction})"
+    counts = ", ".join(f"{n} {state}" for state, n in sweep.counts.items() if n)
+    best = sweep.best
+    lines = [
+        f"sweep {sweep.id} {sweep.status.value}: {len(sweep.trials)} of {sweep.max_trials} "
+        f"trial(s), {sweep.max_concurrent} at a time; {counts or 'none yet'}; "
+        f"slot-time {sweep.slot_seconds:,.0f} s",
+        f"objective {objective}; sampler {sweep.sampler.kind}; early stopping "
+        f"{sweep.pruner.kind}"
+        + (
+            f"; best: trial {best.number} (job {best.job_id}) {best.value:.6g}"
+            if best is not None
+            else ""
+        ),
+        "  ".join(
+            [f"{'trial':>6}", f"{'job':>5}"]
+            + [f"{one_line(n)[:14]:>14}" for n in names]
+            + [f"{'state':<9}", f"{'step':>7}", f"{'value':>10}", f"{'test acc':>8}"]
+        ),
+    ]
+    for trial in sweep.trials:
+        mark = "*" if best is not None and trial.number == best.number else " "
+        accuracy = f"{100 * trial.test_accuracy:.2f}%" if trial.test_accuracy is not None else "-"
+        state = trial.state.value
+        if trial.pruned_at_step is not None and trial.state.value == "pruned":
+            state = f"pruned@{trial.pruned_at_step}"
+        lines.append(
+            "  ".join(
+                [f"{mark}{trial.number:>5}", f"{trial.job_id:>5}"]
+                + [f"{_value(trial.params.get(n, '-'))[:14]:>14}" for n in names]
+                + [
+                    f"{state:<9}",
+                    f"{_f(trial.step, 'd'):>7}",
+                    f"{_f(trial.value, '.4g'):>10}",
+                    f"{accuracy:>8}",
+                ]
+            )
+        )
+    return "\n".join(lines)
+
+
+@_for_terminal
+def sweeps_table(sweeps: SweepsPublic) -> str:
+    lines = [f"{'id':>4}  {'status':<10} {'trials':>9}  {'best':>10}  name"]
+    for sweep in sweeps.data:
+        best = f"{sweep.best.value:.4g}" if sweep.best is not None else "-"
+        lines.append(
+            f"{sweep.id:>4}  {sweep.status.value:<10} "
+            f"{f'{len(sweep.trials)}/{sweep.max_trials}':>9}  {best:>10}  "
+            f"{one_line(sweep.name or '')}"
+        )
     return "\n".join(lines)

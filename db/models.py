@@ -15,6 +15,7 @@ from db.types import EnumText, ModelJSON
 from ddpo.lifecycle import JobStatus, NodeState, PartStatus, StopReason
 from ddpo.schemas import JobError, JobSpec, TrainResult
 from ddpo.schemas.people import AuditAction, Role
+from ddpo.schemas.sweep import SweepCreate, TrialState
 
 
 def utcnow() -> datetime:
@@ -79,9 +80,56 @@ class Study(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
+class Sweep(SQLModel, table=True):
+    """One spec over many hyperparameters: each trial a job (Trial)."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str | None = None
+    owner: str | None = Field(default=None, index=True)
+    # What was asked (space, objective, sampler, pruner, limits, base spec).
+    create: SweepCreate = Field(sa_column=Column(ModelJSON(SweepCreate), nullable=False))
+    status: JobStatus = Field(
+        default=JobStatus.RUNNING,
+        sa_column=Column(EnumText(JobStatus), index=True, nullable=False),
+    )
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class Trial(SQLModel, table=True):
+    """One trial of a sweep: its job, its values, and what Optuna keeps of it
+    (its reports and its system attributes: ASHA's rungs, the grid's point),
+    so the search rebuilt from these rows after a restart, or on another
+    server, goes on where it was."""
+
+    __table_args__ = (UniqueConstraint("sweep_id", "number"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    sweep_id: int = Field(foreign_key="sweep.id", index=True)
+    number: int
+    job_id: int = Field(foreign_key="job.id", unique=True)
+    params: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    state: TrialState = Field(
+        default=TrialState.QUEUED, sa_column=Column(EnumText(TrialState), nullable=False)
+    )
+    # step -> the objective's report at it (null: not a number).
+    reports: dict[str, float | None] = Field(
+        default_factory=dict, sa_column=Column(JSON, nullable=False)
+    )
+    system_attrs: dict[str, Any] = Field(
+        default_factory=dict, sa_column=Column(JSON, nullable=False)
+    )
+    value: float | None = None
+    pruned_at_step: int | None = None
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
 class Job(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     name: str | None = None
+    # A sweep's trial (its Trial row names the job).
+    sweep_id: int | None = Field(default=None, foreign_key="sweep.id", index=True)
     # Jobs of a study run in study_index order, each after the one before ends.
     study_id: int | None = Field(default=None, foreign_key="study.id", index=True)
     study_index: int | None = None

@@ -13,10 +13,23 @@ from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
 from db.engine import kept_specs_of
-from db.models import ApiKey, Attempt, AuditRow, Job, LogRow, Node, Part, ProgressRow, Study
+from db.models import (
+    ApiKey,
+    Attempt,
+    AuditRow,
+    Job,
+    LogRow,
+    Node,
+    Part,
+    ProgressRow,
+    Study,
+    Sweep,
+    Trial,
+)
 from ddpo.lifecycle import JobStatus, NodeState, PartStatus, StopReason
 from ddpo.schemas import JobSpec
 from ddpo.schemas.people import AuditAction
+from ddpo.schemas.sweep import SweepCreate
 
 # Statuses whose processes may still exist: they hold a slot on their node.
 ACTIVE_PART_STATUSES = tuple(s for s in PartStatus if s.is_active())
@@ -34,6 +47,7 @@ def insert_job(
     study_index: int | None = None,
     idempotency_key: str | None = None,
     owner: str | None = None,
+    sweep_id: int | None = None,
 ) -> Job:
     job = Job(
         spec=spec,
@@ -42,6 +56,7 @@ def insert_job(
         priority=spec.priority,
         study_id=study_id,
         study_index=study_index,
+        sweep_id=sweep_id,
         idempotency_key=idempotency_key,
     )
     session.add(job)
@@ -207,6 +222,57 @@ def jobs_of_studies(*, session: Session, study_ids: Iterable[int]) -> list[Job]:
         return []
     statement = select(Job).where(col(Job.study_id).in_(ids)).order_by(col(Job.study_index))
     return list(session.exec(statement).all())
+
+
+# --- sweeps -------------------------------------------------------------------
+
+
+def insert_sweep(*, session: Session, create: SweepCreate, owner: str | None) -> Sweep:
+    sweep = Sweep(name=create.name, owner=owner, create=create)
+    session.add(sweep)
+    session.flush()
+    return sweep
+
+
+def get_sweep(*, session: Session, sweep_id: int, for_update: bool = False) -> Sweep | None:
+    statement = select(Sweep).where(Sweep.id == sweep_id)
+    if for_update:
+        statement = statement.with_for_update()
+    return session.exec(statement).first()
+
+
+def list_sweeps(*, session: Session, limit: int, offset: int) -> list[Sweep]:
+    statement = (
+        select(Sweep).order_by(col(Sweep.created_at).desc(), col(Sweep.id).desc()).offset(offset)
+    )
+    return list(session.exec(statement.limit(limit)).all())
+
+
+def running_sweep_ids(*, session: Session) -> list[int]:
+    statement = select(Sweep.id).where(Sweep.status == JobStatus.RUNNING).order_by(col(Sweep.id))
+    return [i for i in session.exec(statement).all() if i is not None]
+
+
+def trials_of_sweeps(*, session: Session, sweep_ids: Iterable[int]) -> list[Trial]:
+    ids = list(set(sweep_ids))
+    if not ids:
+        return []
+    statement = (
+        select(Trial)
+        .where(col(Trial.sweep_id).in_(ids))
+        .order_by(col(Trial.sweep_id), col(Trial.number))
+    )
+    return list(session.exec(statement).all())
+
+
+def trial_of_job(*, session: Session, job_id: int) -> Trial | None:
+    return session.exec(select(Trial).where(Trial.job_id == job_id)).first()
+
+
+def insert_trial(*, session: Session, trial: Trial) -> Trial:
+    session.add(trial)
+    session.flush()
+    return trial
 
 
 # --- attempts and parts -------------------------------------------------------

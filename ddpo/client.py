@@ -65,6 +65,7 @@ from ddpo.schemas.public import (
     TrainersPublic,
 )
 from ddpo.schemas.spec import JobSpec, StudyCreate
+from ddpo.schemas.sweep import SweepCreate, SweepPublic, SweepsPublic
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 T = TypeVar("T")
@@ -268,6 +269,29 @@ class Calls:
     @staticmethod
     def cancel_study(study_id: int) -> Call[StudyPublic]:
         return Call("POST", f"/studies/{int(study_id)}/cancel", _model(StudyPublic))
+
+    @staticmethod
+    def submit_sweep(sweep: SweepCreate | Mapping[str, Any]) -> Call[SweepPublic]:
+        body = (
+            sweep.model_dump(mode="json", exclude_unset=True)
+            if isinstance(sweep, BaseModel)
+            else dict(sweep)
+        )
+        return Call("POST", "/sweeps", _model(SweepPublic), json=body)
+
+    @staticmethod
+    def sweep(sweep_id: int) -> Call[SweepPublic]:
+        return Call("GET", f"/sweeps/{int(sweep_id)}", _model(SweepPublic))
+
+    @staticmethod
+    def sweeps(limit: int, offset: int) -> Call[SweepsPublic]:
+        return Call(
+            "GET", "/sweeps", _model(SweepsPublic), params={"limit": limit, "offset": offset}
+        )
+
+    @staticmethod
+    def cancel_sweep(sweep_id: int) -> Call[SweepPublic]:
+        return Call("POST", f"/sweeps/{int(sweep_id)}/cancel", _model(SweepPublic))
 
     @staticmethod
     def create_key(name: str, role: str) -> Call[KeyCreated]:
@@ -626,6 +650,37 @@ class Client(_Base):
     def cancel_study(self, study_id: int) -> StudyPublic:
         return self.call(Calls.cancel_study(study_id))
 
+    # --- sweeps -----------------------------------------------------------------
+
+    def submit_sweep(self, sweep: SweepCreate | Mapping[str, Any]) -> SweepPublic:
+        """A sweep: ``{"spec": {...}, "space": {"lr": {"type": "float", ...}}, ...}``."""
+        return self.call(Calls.submit_sweep(sweep))
+
+    def sweep(self, sweep_id: int) -> SweepPublic:
+        return self.call(Calls.sweep(sweep_id))
+
+    def sweeps(self, *, limit: int = 20, offset: int = 0) -> SweepsPublic:
+        return self.call(Calls.sweeps(limit, offset))
+
+    def cancel_sweep(self, sweep_id: int) -> SweepPublic:
+        return self.call(Calls.cancel_sweep(sweep_id))
+
+    def wait_sweep(
+        self, sweep_id: int, *, timeout_s: float | None = None, poll_s: float = 1.0
+    ) -> SweepPublic:
+        """The sweep once it has ended, whatever became of its trials
+        (:class:`WaitTimeout` past ``timeout_s``); a server restart on the
+        way is waited out."""
+        patience = Patience(self.patience_s, self.say)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            sweep = self._patiently(Calls.sweep(sweep_id), patience)
+            if sweep.status.is_terminal():
+                return sweep
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(sweep, timeout_s or 0)
+            time.sleep(poll_s)
+
     # --- people -------------------------------------------------------------------
 
     def create_key(self, name: str, role: str = "user") -> KeyCreated:
@@ -867,6 +922,18 @@ class AsyncClient(_Base):
 
     async def cancel_study(self, study_id: int) -> StudyPublic:
         return await self.call(Calls.cancel_study(study_id))
+
+    async def submit_sweep(self, sweep: SweepCreate | Mapping[str, Any]) -> SweepPublic:
+        return await self.call(Calls.submit_sweep(sweep))
+
+    async def sweep(self, sweep_id: int) -> SweepPublic:
+        return await self.call(Calls.sweep(sweep_id))
+
+    async def sweeps(self, *, limit: int = 20, offset: int = 0) -> SweepsPublic:
+        return await self.call(Calls.sweeps(limit, offset))
+
+    async def cancel_sweep(self, sweep_id: int) -> SweepPublic:
+        return await self.call(Calls.cancel_sweep(sweep_id))
 
     async def create_key(self, name: str, role: str = "user") -> KeyCreated:
         return await self.call(Calls.create_key(name, role))

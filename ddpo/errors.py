@@ -23,6 +23,7 @@ from typing import Any
 from ddpo.failures import FailureReason
 from ddpo.lifecycle import JobStatus
 from ddpo.schemas.public import JobPublic
+from ddpo.schemas.sweep import SweepPublic
 
 
 class DdpoError(Exception):
@@ -130,11 +131,13 @@ class JobFailed(DdpoError):
 
 
 class WaitTimeout(DdpoError, TimeoutError):
-    """``wait`` gave up before the job ended; ``job`` is as last seen."""
+    """``wait`` gave up before the job ended; ``job`` is as last seen (for
+    ``wait_sweep``, the sweep)."""
 
-    def __init__(self, job: JobPublic, timeout_s: float) -> None:
+    def __init__(self, job: JobPublic | SweepPublic, timeout_s: float) -> None:
         self.job = job
-        super().__init__(f"job {job.id} still {job.status} after {timeout_s:g} s")
+        what = "job" if isinstance(job, JobPublic) else "sweep"
+        super().__init__(f"{what} {job.id} still {job.status} after {timeout_s:g} s")
 
 
 _BY_STATUS: dict[int, type[ApiError]] = {

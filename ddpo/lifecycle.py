@@ -74,12 +74,22 @@ class PartStatus(Named):
 class StopReason(Named):
     """Why the server asked a running attempt to stop at a step and
     checkpoint (the cooperative stop). None of them is the job's fault: the
-    job goes back to the queue at its place, and no restart is used."""
+    job goes back to the queue at its place, and no restart is used (but a
+    pruned trial, which ends)."""
 
     PREEMPTED = "preempted"  # a queued job of a higher priority needs its slots
     DRAINED = "drained"  # an admin is taking one of its nodes out of service
     RESIZED = "resized"  # an elastic job changes its number of machines
     NODE_LEAVING = "node_leaving"  # one of its nodes' workers is shutting down
+    # A sweep's early stopper judged the trial poor: it ends (cancelled, its
+    # trial pruned) with the checkpoint of the step it stopped at.
+    PRUNED = "pruned"
+
+    @property
+    def requeues(self) -> bool:
+        """Whether the job goes back to the queue once stopped (all but a
+        pruned trial, which ends there)."""
+        return self is not StopReason.PRUNED
 
 
 def describe_stop(reason: StopReason, detail: str | None) -> str:

@@ -391,7 +391,8 @@ def train_epoch(
             now = perf_counter()
             rate = (done - window_done) * pace.samples_per_batch / max(now - window_started, 1e-9)
             window_started, window_done = now, done
-            log_step(ctx, epoch, done, loss.item(), rate, pace)
+            mean = float(epoch_loss.item()) / done
+            log_step(ctx, epoch, done, loss.item(), rate, pace, mean)
         if done >= pace.batches_per_epoch:
             continue
         if every is not None and done % every == 0 and ctx.is_master:
@@ -409,9 +410,17 @@ def train_epoch(
 
 
 def log_step(
-    ctx: TrainContext, epoch: int, done: int, loss: float, rate: float, pace: Pace
+    ctx: TrainContext,
+    epoch: int,
+    done: int,
+    loss: float,
+    rate: float,
+    pace: Pace,
+    mean_loss: float,
 ) -> None:
-    """The recipe's progress line, and the same figures to the server."""
+    """The recipe's progress line, and the same figures to the server, with
+    the epoch's mean loss so far as ``train_loss`` (steadier than one
+    batch's: what a sweep's early stopper compares trials by)."""
     seen = min(done * pace.samples_per_batch, pace.samples_per_epoch)
     print(
         f"Train Epoch: {epoch} [{seen}/{pace.samples_per_epoch} "
@@ -424,6 +433,7 @@ def log_step(
         batches_per_epoch=pace.batches_per_epoch,
         loss=loss,
         samples_per_sec=rate,
+        metrics={"train_loss": mean_loss},
     )
 
 

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 from sqlmodel import Session
 
-from api.core import lookup
+from api.core import lookup, sweeps
 from api.core.context import Core, PlanMemo
 from api.core.placement import plan_and_start, schedule
 from api.core.settlement import fail_at_deadline, lose_parts, may_explain, settle
@@ -46,7 +46,8 @@ def tick(core: Core, judge_nodes: bool = True) -> bool:
         outcome = plan_and_start(session, core.settings) if fresh else None
     if outcome is not None:  # committed: the plan is in the database
         core.plan_memo = PlanMemo(writes, outcome.next_due)
-    return lost or changed or (outcome is not None and outcome.placed)
+    swept = sweeps.advance_running(core)
+    return lost or changed or swept or (outcome is not None and outcome.placed)
 
 
 def fail_parts_never_started(session: Session, settings: ServerSettings, now: datetime) -> bool:

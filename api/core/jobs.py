@@ -55,7 +55,7 @@ def submit_job(
                     )
                 return existing.id, False
         # After the key's lookup: a resend of a job already queued is no new one.
-        _check_room_in_the_queue(core, session, actor, 1)
+        check_room_in_the_queue(core, session, actor, 1)
         job = queries.insert_job(
             session=session,
             spec=spec,
@@ -70,7 +70,7 @@ def submit_job(
         return job.id, True
 
 
-def _check_room_in_the_queue(core: Core, session: Session, actor: Actor, adding: int) -> None:
+def check_room_in_the_queue(core: Core, session: Session, actor: Actor, adding: int) -> None:
     """One person cannot fill the queue (and every submit's and placement's
     work with it): at most ``max_queued_jobs_per_person`` queued at once."""
     if actor.name is None:
@@ -127,7 +127,7 @@ def submit_study(core: Core, create: StudyCreate, actor: Actor) -> int:
     with core.db.read() as session:
         create = create.model_copy(update={"spec": offers.checked(session, create.spec)})
     with core.db.write() as session:
-        _check_room_in_the_queue(core, session, actor, len(create.rows))
+        check_room_in_the_queue(core, session, actor, len(create.rows))
         study = queries.insert_study(session=session, name=create.name, owner=actor.name)
         assert study.id is not None
         for index, row in enumerate(create.rows):

@@ -10,7 +10,7 @@ from datetime import datetime
 
 from sqlmodel import Session
 
-from api.core import lookup
+from api.core import lookup, sweeps
 from api.core.context import Core
 from api.core.errors import Conflict, Forbidden, TooMany
 from api.core.placement import schedule
@@ -121,6 +121,8 @@ def record_progress(core: Core, part_id: int, batch: ProgressBatch) -> bool:
                 job.progress_epochs = latest.epochs
                 job.progress_metrics = latest.metrics or None
                 job.progress_at = latest.at
+            if job.sweep_id is not None:
+                sweeps.on_progress(session, job, list(fresh.values()), utcnow(), core.settings)
         return True
 
 
@@ -237,6 +239,7 @@ def finish_part(core: Core, part_id: int, report: PartFinished) -> bool:
         if ended is PartStatus.FAILED:
             _record_failure(session, job, part, report, now)
         settle(session, job, now, core.settings)
+        sweeps.job_ended(session, job, now, core.settings)
         schedule(session, core.settings)
         return True
 

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from sqlmodel import Session
 
 from api import elastic
-from api.core import lookup
+from api.core import lookup, trials
 from api.settings import ServerSettings
 from db import queries
 from db.models import Attempt, Job, Node, Part
@@ -102,7 +102,7 @@ def settle(session: Session, job: Job, now: datetime, settings: ServerSettings) 
             # The training code raised while stopping: no stop does that.
             new = JobStatus.FAILED
         else:
-            requeue_stopped(session, job, attempt, now)
+            stopped_on_request(session, job, attempt, now)
             return
     if new is JobStatus.FAILED:
         if job.error is None:
@@ -207,6 +207,14 @@ def resumes_from(job: Job) -> str:
     return "from the start (no checkpoint yet)"
 
 
+def stopped_on_request(session: Session, job: Job, attempt: Attempt, now: datetime) -> None:
+    assert attempt.stop_reason is not None
+    if attempt.stop_reason.requeues:
+        requeue_stopped(session, job, attempt, now)
+    else:
+        end_stopped(session, job, attempt, now)
+
+
 def requeue_stopped(session: Session, job: Job, attempt: Attempt, now: datetime) -> None:
     """The attempt stopped because the server asked: back to the queue at
     the job's own place (its priority and submit time are unchanged), with
@@ -220,6 +228,22 @@ def requeue_stopped(session: Session, job: Job, attempt: Attempt, now: datetime)
         f"{describe_stop(attempt.stop_reason, attempt.stop_detail)}; resumes {resumes_from(job)}"
     )
     log.info("job %d attempt %d stopped on request: %s", job.id, attempt.number, job.pending_reason)
+
+
+def end_stopped(session: Session, job: Job, attempt: Attempt, now: datetime) -> None:
+    """The attempt stopped at a step for a reason that ends the job (a
+    pruned trial): cancelled, its checkpoint kept, no error."""
+    job.stopped_attempts += 1
+    job.error = None
+    set_job_status(session, job, JobStatus.CANCELLING, now)
+    set_job_status(session, job, JobStatus.CANCELLED, now)
+    assert attempt.stop_reason is not None
+    log.info(
+        "job %d attempt %d ended on request: %s",
+        job.id,
+        attempt.number,
+        describe_stop(attempt.stop_reason, attempt.stop_detail),
+    )
 
 
 def explain_given_up_attempt(
@@ -264,6 +288,8 @@ def set_job_status(session: Session, job: Job, new: JobStatus, now: datetime) ->
         job.finished_at = now
         job.pending_reason = None
         job.not_before = None
+        if job.sweep_id is not None:
+            trials.trial_ended(session, job, now)
     if (new.is_terminal() or new is JobStatus.QUEUED) and job.current_attempt_id is not None:
         # The current attempt is over: the job ended, or gave it up to retry.
         attempt = queries.get_attempt(session=session, attempt_id=job.current_attempt_id)

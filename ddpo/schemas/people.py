@@ -77,6 +77,9 @@ class AuditAction(str, enum.Enum):
     JOB_PREEMPT = "job.preempt"  # by the scheduler, for a job of a higher priority
     STUDY_SUBMIT = "study.submit"
     STUDY_CANCEL = "study.cancel"
+    SWEEP_SUBMIT = "sweep.submit"
+    SWEEP_CANCEL = "sweep.cancel"
+    SWEEP_PRUNE = "sweep.prune"  # by the sweep's early stopper: a trial stops at a step
     NODE_REVOKE = "node.revoke"
     NODE_DRAIN = "node.drain"
     NODE_UNDRAIN = "node.undrain"
