@@ -86,7 +86,7 @@ def test_a_poor_trial_stops_at_a_step_and_its_slot_goes_to_the_next(client: http
     node = ProtocolNode(client, "n", slots=2)
     sweep = client.post("/sweeps", json=sweep_body()).json()
     parts = started(client, node)
-    (good_job, good_part), (poor_job, poor_part) = sorted(parts.items())
+    (_, good_part), (poor_job, poor_part) = sorted(parts.items())
 
     report(client, node, good_part, 0, 11, 0.5)
     report(client, node, poor_part, 0, 11, 2.0)  # worse at the first rung than the one before

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -274,3 +275,51 @@ def test_a_deadline_stops_every_rank_without_a_retry(jobs: Jobs, faulty: LocalCl
         attempts=len(done["attempts"]),
     )
     assert len(done["attempts"]) == 1
+
+
+def test_the_server_killed_mid_sweep_loses_and_repeats_no_trial(
+    jobs: Jobs, faulty: LocalCluster
+) -> None:
+    body = {
+        "name": "through a kill",
+        "spec": {"epochs": 2, "max_steps_per_epoch": EPOCH_STEPS},
+        "space": {"lr": {"type": "float", "low": 0.1, "high": 2, "log": True}},
+        "max_trials": 5,
+        "max_concurrent": 2,
+        "sampler": {"kind": "random", "seed": 11},
+        "pruner": {"kind": "none"},
+    }
+    sweep_id = jobs.client.post("/sweeps", json=body).raise_for_status().json()["id"]
+
+    def training() -> bool:
+        sweep = jobs.client.get(f"/sweeps/{sweep_id}").json()
+        return any(jobs.get(t["job_id"])["progress"] for t in sweep["trials"])
+
+    until(training, 120, "a trial to train")
+    assert faulty.server is not None
+    faulty.server.process.send_signal(signal.SIGKILL)
+    faulty.server.stop()  # reaps it
+    faulty.start_server()  # same port, same database file
+
+    def ended() -> dict[str, Any] | None:
+        sweep: dict[str, Any] = jobs.client.get(f"/sweeps/{sweep_id}").json()
+        return sweep if sweep["status"] != "running" else None
+
+    sweep = until(ended, 300, "the sweep to end")
+    assert sweep["status"] == "succeeded"
+    trials = sweep["trials"]
+    assert [t["number"] for t in trials] == list(range(5))
+    assert [t["state"] for t in trials] == ["succeeded"] * 5
+    assert len({t["job_id"] for t in trials}) == 5
+    # Each trial ran once: one job per trial, one attempt per job.
+    named = [
+        j
+        for j in jobs.client.get("/jobs", params={"limit": 500}).json()["data"]
+        if (j["name"] or "").startswith("through a kill: trial")
+    ]
+    assert sorted(j["id"] for j in named) == sorted(t["job_id"] for t in trials)
+    assert all(len(jobs.get(t["job_id"])["attempts"]) == 1 for t in trials)
+    # Those asked after the restart are those the sweep's seed gives anyway.
+    again = jobs.client.post("/sweeps", json={**body, "max_concurrent": 5}).json()
+    assert [t["params"] for t in again["trials"]] == [t["params"] for t in trials]
+    jobs.client.post(f"/sweeps/{again['id']}/cancel").raise_for_status()
