@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from db import queries
 from db.engine import Database
 from ddpo.lifecycle import JobStatus, NodeState, StopReason
+from ddpo.schemas.sweep import TrialState
 
 
 class DatabaseCollector(Collector):
@@ -29,6 +30,8 @@ class DatabaseCollector(Collector):
             claims = queries.part_count(session=session)
             stops = queries.stop_counts_by_reason(session=session)
             draining = queries.count_draining_nodes(session=session)
+            trials = queries.trial_counts_by_state(session=session)
+            sweeps = queries.sweep_counts_by_status(session=session)
         by_status = GaugeMetricFamily("ddpo_jobs", "Jobs in each state", labels=["state"])
         for status in JobStatus:
             by_status.add_metric([status.value], jobs.get(status, 0))
@@ -50,7 +53,7 @@ class DatabaseCollector(Collector):
         by_reason = CounterMetricFamily(
             "ddpo_stops",
             "Attempts asked to stop at a step and checkpoint: preempted, drained, resized, "
-            "node_leaving",
+            "node_leaving, pruned",
             labels=["reason"],
         )
         for reason in StopReason:
@@ -61,6 +64,23 @@ class DatabaseCollector(Collector):
             "Nodes drained or leaving: they take no new part",
             value=draining,
         )
+        by_sweep = GaugeMetricFamily("ddpo_sweeps", "Sweeps in each state", labels=["state"])
+        for status in (
+            JobStatus.RUNNING,
+            JobStatus.SUCCEEDED,
+            JobStatus.FAILED,
+            JobStatus.CANCELLED,
+        ):
+            by_sweep.add_metric([status.value], sweeps.get(status, 0))
+        yield by_sweep
+        by_trial = GaugeMetricFamily(
+            "ddpo_sweep_trials",
+            "Sweep trials in each state (pruned: stopped early by the sweep's pruner)",
+            labels=["state"],
+        )
+        for trial_state in TrialState:
+            by_trial.add_metric([trial_state.value], trials.get(trial_state, 0))
+        yield by_trial
 
 
 @dataclass(frozen=True)

@@ -128,8 +128,9 @@ class Trial(SQLModel, table=True):
 class Job(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     name: str | None = None
-    # A sweep's trial (its Trial row names the job).
-    sweep_id: int | None = Field(default=None, foreign_key="sweep.id", index=True)
+    # A sweep's trial (its Trial row names the job). No foreign key: SQLite
+    # cannot add one to a table that others reference without copying it.
+    sweep_id: int | None = Field(default=None, index=True)
     # Jobs of a study run in study_index order, each after the one before ends.
     study_id: int | None = Field(default=None, foreign_key="study.id", index=True)
     study_index: int | None = None

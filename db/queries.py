@@ -29,7 +29,7 @@ from db.models import (
 from ddpo.lifecycle import JobStatus, NodeState, PartStatus, StopReason
 from ddpo.schemas import JobSpec
 from ddpo.schemas.people import AuditAction
-from ddpo.schemas.sweep import SweepCreate
+from ddpo.schemas.sweep import SweepCreate, TrialState
 
 # Statuses whose processes may still exist: they hold a slot on their node.
 ACTIVE_PART_STATUSES = tuple(s for s in PartStatus if s.is_active())
@@ -263,6 +263,31 @@ def trials_of_sweeps(*, session: Session, sweep_ids: Iterable[int]) -> list[Tria
         .order_by(col(Trial.sweep_id), col(Trial.number))
     )
     return list(session.exec(statement).all())
+
+
+def trial_counts_by_state(*, session: Session) -> dict[TrialState, int]:
+    statement = select(Trial.state, func.count()).group_by(col(Trial.state))
+    return {TrialState(state): count for state, count in session.exec(statement).all()}
+
+
+def sweep_counts_by_status(*, session: Session) -> dict[JobStatus, int]:
+    statement = select(Sweep.status, func.count()).group_by(col(Sweep.status))
+    return {JobStatus(status): count for status, count in session.exec(statement).all()}
+
+
+def trial_states_of_sweeps(
+    *, session: Session, sweep_ids: Iterable[int]
+) -> dict[int, list[TrialState]]:
+    """Each sweep's trials' states (no reports, no params): what the clock
+    checks each turn."""
+    ids = list(set(sweep_ids))
+    found: dict[int, list[TrialState]] = {}
+    if not ids:
+        return found
+    statement = select(Trial.sweep_id, Trial.state).where(col(Trial.sweep_id).in_(ids))
+    for sweep_id, state in session.exec(statement).all():
+        found.setdefault(sweep_id, []).append(TrialState(state))
+    return found
 
 
 def trial_of_job(*, session: Session, job_id: int) -> Trial | None:

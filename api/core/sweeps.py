@@ -237,7 +237,7 @@ def advance_running(core: Core) -> bool:
     """The clock's turn: running sweeps whose trials ended without a node's
     report (cancelled, lost, past a deadline) start their next ones."""
     with core.db.read() as session:
-        ids = queries.running_sweep_ids(session=session)
+        ids = [s.id for s in _due(session) if s.id is not None]
     changed = False
     for sweep_id in ids:
         with core.db.write() as session:
@@ -246,6 +246,23 @@ def advance_running(core: Core) -> bool:
                 schedule(session, core.settings)
                 changed = True
     return changed
+
+
+def _due(session: Session) -> list[Sweep]:
+    """Running sweeps with a trial to start or nothing left to run: read
+    first (the trials' states alone), so a clock turn with nothing to do
+    takes no write lock."""
+    ids = queries.running_sweep_ids(session=session)
+    states = queries.trial_states_of_sweeps(session=session, sweep_ids=ids)
+    due = []
+    for sweep_id in ids:
+        sweep = queries.get_sweep(session=session, sweep_id=sweep_id)
+        assert sweep is not None
+        mine = states.get(sweep_id, [])
+        records = [sweeps.TrialRecord(n, state, {}) for n, state in enumerate(mine)]
+        if sweeps.to_start(sweep.create, records) or all(s.is_terminal() for s in mine):
+            due.append(sweep)
+    return due
 
 
 def cancel_sweep(core: Core, sweep_id: int, actor: Actor) -> None:

@@ -810,17 +810,141 @@ function studyPage(id) {
   });
 }
 
+// --- sweeps ----------------------------------------------------------------------------
+
+const value = (v) => (v === null || v === undefined ? "–" : Number(v).toPrecision(4));
+const paramText = (v) => (typeof v === "number" ? value(v) : String(v));
+
+function sweepsPage() {
+  page().innerHTML = `
+    <h1>Sweeps</h1>
+    <div class="card"><p class="muted">A sweep runs one spec over many hyperparameters, each
+      trial a job on the queue, the poor ones stopped early (POST /sweeps, or <code>ddpo sweep</code>).</p>
+      <table id="sweeps"><thead><tr><th class="num">id</th><th>name</th><th>status</th>
+        <th class="num">trials</th><th>objective</th><th class="num">best</th><th>created</th></tr></thead><tbody></tbody></table></div>`;
+  every(LIST_POLL_MS, async () => {
+    const sweeps = await api("/sweeps?limit=100");
+    document.querySelector("#sweeps tbody").innerHTML = sweeps.data.map((sw) => `
+      <tr><td class="num"><a href="/ui/sweeps/${sw.id}">${sw.id}</a></td><td>${esc(sw.name || "")}</td>
+        <td>${badge(sw.status)}</td><td class="num">${sw.trials.length}/${sw.max_trials}</td>
+        <td>${esc(sw.objective.metric)} (${esc(sw.objective.direction)})</td>
+        <td class="num">${sw.best ? value(sw.best.value) : "–"}</td><td>${when(sw.created_at)}</td></tr>`).join("") ||
+      `<tr><td colspan="7" class="muted">No sweeps yet.</td></tr>`;
+  });
+}
+
+function sweepPage(id) {
+  page().innerHTML = `
+    <h1>Sweep ${id} <span id="sweep-name" class="muted"></span> <span id="status"></span></h1>
+    <div class="card"><p id="sweep-summary"></p><p id="sweep-best"></p>
+      <button id="sweep-cancel" hidden>Cancel the sweep</button></div>
+    <div class="card"><h2>Parameters against the objective <span class="muted small">(one line per succeeded trial)</span></h2>
+      <div id="parcoords-chart" class="chart"></div>
+      <p id="parcoords-empty" class="muted" hidden>No trial has succeeded yet.</p></div>
+    <div class="card"><h2>The objective per trial, over steps</h2><div id="objective-chart" class="chart"></div></div>
+    <div class="card"><h2>Trials <span class="muted small">(★ the best)</span></h2>
+      <table id="sweep-trials"><thead></thead><tbody></tbody></table></div>`;
+  let drawn = "";
+  let sweep = null;
+  document.getElementById("sweep-cancel").addEventListener("click", async () => {
+    if (!confirm(`Cancel sweep ${id} and its running trials?`)) return;
+    try {
+      await api(`/sweeps/${id}/cancel`, { method: "POST" });
+    } catch (error) {
+      connection(false, error.message);
+    }
+  });
+  every(LIST_POLL_MS, async () => {
+    sweep = await orNotFound(`/sweeps/${id}`, `Sweep ${id}`, "/ui/sweeps", "All sweeps");
+    if (sweep === null) return false;
+    const names = Object.keys(sweep.space);
+    const best = sweep.best ? sweep.best.number : null;
+    document.title = `ddpo · sweep ${sweep.id} ${sweep.status}`;
+    document.getElementById("sweep-name").textContent = sweep.name || "";
+    document.getElementById("status").innerHTML = badge(sweep.status);
+    const counts = Object.entries(sweep.counts).filter(([, n]) => n).map(([s, n]) => `${n} ${esc(s)}`).join(", ");
+    document.getElementById("sweep-summary").innerHTML = `${sweep.trials.length} of ${sweep.max_trials} trials,
+      ${sweep.max_concurrent} at a time (${counts || "none yet"}); objective <b>${esc(sweep.objective.metric)}</b>
+      (${esc(sweep.objective.direction)}); sampler ${esc(sweep.sampler.kind)}; early stopping ${esc(sweep.pruner.kind)};
+      slot-time ${duration(sweep.slot_seconds)}`;
+    document.getElementById("sweep-best").innerHTML = sweep.best
+      ? `Best: trial ${sweep.best.number} (<a href="/ui/jobs/${sweep.best.job_id}">job ${sweep.best.job_id}</a>),
+        ${esc(sweep.objective.metric)} ${value(sweep.best.value)}, with ${names.map((n) =>
+          `${esc(n)} = ${esc(paramText(sweep.best.params[n]))}`).join(", ")}`
+      : "No trial has succeeded yet.";
+    document.getElementById("sweep-cancel").hidden = sweep.status !== "running" || !maySteer(sweep);
+    document.querySelector("#sweep-trials thead").innerHTML = `<tr><th class="num">trial</th><th class="num">job</th>
+      ${names.map((n) => `<th class="num">${esc(n)}</th>`).join("")}<th>state</th><th class="num">step</th>
+      <th class="num">${esc(sweep.objective.metric)}</th><th class="num">accuracy</th></tr>`;
+    document.querySelector("#sweep-trials tbody").innerHTML = sweep.trials.map((t) => `
+      <tr data-trial="${t.number}" class="${t.number === best ? "best" : ""}">
+        <td class="num">${t.number === best ? "★ " : ""}${t.number}</td>
+        <td class="num"><a href="/ui/jobs/${t.job_id}">${t.job_id}</a></td>
+        ${names.map((n) => `<td class="num">${esc(paramText(t.params[n]))}</td>`).join("")}
+        <td>${badge(t.state)}${t.state === "pruned" && t.pruned_at_step !== null ? ` <span class="muted small">at step ${t.pruned_at_step}</span>` : ""}</td>
+        <td class="num">${t.step ?? "–"}</td><td class="num" data-value="${t.value ?? ""}">${value(t.value)}</td>
+        <td class="num">${percent(t.test_accuracy)}</td></tr>`).join("");
+    const key = JSON.stringify(sweep.trials.map((t) => [t.state, t.step, t.value]));
+    if (key !== drawn && typeof Plotly !== "undefined") {
+      drawn = key;
+      drawSweep(sweep, names);
+    }
+    return !TERMINAL.has(sweep.status);
+  });
+}
+
+function drawSweep(sweep, names) {
+  const font = { family: getComputedStyle(document.body).fontFamily, size: 12 };
+  const done = sweep.trials.filter((t) => t.state === "succeeded" && t.value !== null);
+  document.getElementById("parcoords-empty").hidden = done.length > 0;
+  document.getElementById("parcoords-chart").hidden = done.length === 0;
+  if (done.length) {
+    const dimension = (n) => {
+      const values = done.map((t) => t.params[n]);
+      if (values.every((v) => typeof v === "number")) {
+        const logScale = sweep.space[n].log === true;
+        return logScale
+          ? { label: `log10 ${n}`, values: values.map((v) => Math.log10(v)) }
+          : { label: n, values };
+      }
+      const choices = [...new Set(values.map(String))];
+      return { label: n, values: values.map((v) => choices.indexOf(String(v))),
+        tickvals: choices.map((_, i) => i), ticktext: choices };
+    };
+    const objective = done.map((t) => t.value);
+    Plotly.react("parcoords-chart", [{
+      type: "parcoords",
+      line: { color: objective, colorscale: "Viridis", reversescale: sweep.objective.direction === "minimize",
+        showscale: true, colorbar: { title: { text: sweep.objective.metric } } },
+      dimensions: [...names.map(dimension), { label: sweep.objective.metric, values: objective }],
+    }], { margin: { l: 60, r: 60, t: 40, b: 20 }, font }, { displayModeBar: false, responsive: true });
+  }
+  const best = sweep.best ? sweep.best.number : null;
+  Plotly.react("objective-chart", sweep.trials.filter((t) => t.values.length).map((t) => ({
+    x: t.values.map((p) => p[0]), y: t.values.map((p) => p[1]), mode: "lines",
+    name: `trial ${t.number}${t.state === "pruned" ? " (pruned)" : ""}`,
+    line: { width: t.number === best ? 3 : 1.5, dash: t.state === "pruned" ? "dot" : "solid" },
+  })), {
+    margin: { l: 50, r: 20, t: 10, b: 40 },
+    xaxis: { title: { text: "step" } }, yaxis: { title: { text: sweep.objective.metric } },
+    font,
+  }, { displayModeBar: false, responsive: true });
+}
+
 // --- routing ---------------------------------------------------------------------------
 
 function route() {
   const path = location.pathname.replace(/\/+$/, "");
   const job = path.match(/^\/ui\/jobs\/(\d+)$/);
   const study = path.match(/^\/ui\/studies\/(\d+)$/);
-  const section = job ? "jobs" : study ? "studies" : path.split("/")[2] || "jobs";
+  const sweep = path.match(/^\/ui\/sweeps\/(\d+)$/);
+  const section = job ? "jobs" : study ? "studies" : sweep ? "sweeps" : path.split("/")[2] || "jobs";
   document.querySelectorAll("[data-nav]").forEach((a) => a.classList.toggle("active", a.dataset.nav === section));
   if (job) return jobPage(Number(job[1]));
   if (study) return studyPage(Number(study[1]));
+  if (sweep) return sweepPage(Number(sweep[1]));
   if (section === "studies") return studiesPage();
+  if (section === "sweeps") return sweepsPage();
   if (section === "submit") return submitPage();
   if (section === "nodes") return nodesPage();
   if (section === "queue") return queuePage();
@@ -828,7 +952,7 @@ function route() {
   if (section === "jobs") return jobsPage();
   page().innerHTML = `<h1>No page ${esc(path)}</h1><div class="card"><p>The dashboard has
     <a href="/ui/jobs">jobs</a>, <a href="/ui/queue">the queue</a>, <a href="/ui/compare">compare</a>,
-    <a href="/ui/studies">studies</a>, <a href="/ui/submit">submit</a> and <a href="/ui/nodes">nodes</a>.</p></div>`;
+    <a href="/ui/studies">studies</a>, <a href="/ui/sweeps">sweeps</a>, <a href="/ui/submit">submit</a> and <a href="/ui/nodes">nodes</a>.</p></div>`;
 }
 
 // Who this browser acts as: the key's name (or token:<role>) and its role;

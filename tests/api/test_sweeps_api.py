@@ -118,6 +118,10 @@ def test_a_poor_trial_stops_at_a_step_and_its_slot_goes_to_the_next(client: http
     assert done["counts"]["pruned"] == 1 and done["counts"]["succeeded"] == 1
     actions = [e["action"] for e in client.get("/audit").json()["data"]]
     assert "sweep.prune" in actions and "sweep.submit" in actions
+    scraped = client.get("/metrics").text
+    assert 'ddpo_sweep_trials{state="pruned"} 1.0' in scraped
+    assert 'ddpo_sweep_trials{state="succeeded"} 1.0' in scraped
+    assert 'ddpo_stops_total{reason="pruned"} 1.0' in scraped
 
 
 def test_the_last_trials_end_the_sweep_and_the_best_is_the_objectives(

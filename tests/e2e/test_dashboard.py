@@ -413,3 +413,69 @@ def test_the_compare_view_overlays_two_jobs_loss_curves(
         "document.getElementById('compare-chart').layout.yaxis.title.text === 'samples_per_sec'"
     )
     assert "metric=samples_per_sec" in page.url
+
+
+def test_the_sweep_page_shows_every_trial_the_best_and_a_line_per_succeeded_trial(
+    page: Any, cluster: LocalCluster, jobs: Jobs
+) -> None:
+    assert cluster.tokens is not None
+    body = {
+        "name": f"sweep-{uuid.uuid4().hex[:8]}",
+        "spec": {"epochs": 2, "max_steps_per_epoch": 30, "batch_size": 64},
+        "space": {
+            "lr": {"type": "float", "low": 0.01, "high": 5, "log": True},
+            "seed": {"type": "categorical", "choices": [1, 2]},
+        },
+        "objective": {"metric": "train_loss"},
+        "max_trials": 6,
+        "max_concurrent": 2,
+        "sampler": {"kind": "random", "seed": 2},
+        "pruner": {"kind": "asha", "reduction_factor": 2, "grace_steps": 10},
+    }
+    sweep_id = jobs.client.post("/sweeps", json=body).raise_for_status().json()["id"]
+    page.goto(f"{cluster.url}/ui/sweeps")
+    sign_in(page, cluster, cluster.tokens.user)
+    page.locator(f"#sweeps a[href='/ui/sweeps/{sweep_id}']").click()
+    page.wait_for_function(
+        "document.querySelector('#status .badge')?.textContent === 'succeeded'",
+        timeout=240_000,
+    )
+    api = jobs.client.get(f"/sweeps/{sweep_id}").json()
+    page.wait_for_function(
+        f"document.querySelectorAll('#sweep-trials tbody tr').length === {len(api['trials'])}"
+    )
+    # The trial table is GET /sweeps/{id}'s, row for row.
+    rows = page.eval_on_selector_all(
+        "#sweep-trials tbody tr",
+        """rows => rows.map((r) => [Number(r.dataset.trial),
+            Number(r.querySelector("a[href^='/ui/jobs/']").textContent),
+            r.querySelector('.badge').textContent,
+            r.querySelector('[data-value]').dataset.value])""",
+    )
+    assert rows == [
+        [t["number"], t["job_id"], t["state"], "" if t["value"] is None else str(t["value"])]
+        for t in api["trials"]
+    ]
+    succeeded = [t for t in api["trials"] if t["state"] == "succeeded"]
+    assert succeeded and any(t["state"] == "pruned" for t in api["trials"])
+    # The best trial is marked, and said.
+    best = page.eval_on_selector_all(
+        "#sweep-trials tr.best", "rows => rows.map((r) => r.dataset.trial)"
+    )
+    assert best == [str(api["best"]["number"])]
+    assert f"Best: trial {api['best']['number']}" in page.inner_text("#sweep-best")
+    # One line per succeeded trial: the parallel coordinates' every dimension
+    # holds a value per succeeded trial, the objective last.
+    page.wait_for_function(
+        "document.getElementById('parcoords-chart').data?.[0]?.dimensions.length === 3"
+    )
+    dimensions = page.eval_on_selector(
+        "#parcoords-chart", "c => c.data[0].dimensions.map((d) => [d.label, d.values.length])"
+    )
+    assert dimensions == [[label, len(succeeded)] for label in ("log10 lr", "seed", "train_loss")]
+    objective = page.eval_on_selector("#parcoords-chart", "c => c.data[0].dimensions[2].values")
+    assert objective == [t["value"] for t in succeeded]
+    # The objective over steps: a line per trial that reported.
+    lines = page.eval_on_selector("#objective-chart", "c => c.data.length")
+    assert lines == sum(1 for t in api["trials"] if t["values"])
+    page.screenshot(path=str(ARTIFACTS / "dashboard-sweep.png"), full_page=True)

@@ -37,6 +37,7 @@ PREEMPTION = "### Preemption, drain and stopping at a step"
 ELASTIC = "### Elastic jobs"
 CLIENT = "### From Python: `ddpo.Client`"
 OWN_TRAINING = "### Your own training"
+SWEEPS = "### Sweeps"
 
 
 def shell_blocks(heading: str, language: str = "sh") -> list[str]:
@@ -51,6 +52,7 @@ def as_here(line: str, mnist_dir: Path) -> str:
     ddpo, the data directory and the example scripts where they are."""
     line = line.replace(".venv/bin/ddpo", f"{sys.executable} -m cli")
     line = line.replace("../shared/data", str(mnist_dir))
+    line = line.replace(" examples/sweeps", f" {REPO / 'examples/sweeps'}")
     return line.replace(" examples/scripts", f" {REPO / 'examples/scripts'}")
 
 
@@ -253,6 +255,34 @@ def test_readmes_scaling_study_lines_work_as_written(
     assert len(re.findall(r"^1 x 8 .* succeeded$", shown, re.M)) == 2, (
         shown
     )  # ddpo study, local-cluster
+
+
+@pytest.mark.timeout(900)  # three sweeps: 12 trials, 6, and one cancelled
+def test_readmes_sweep_lines_work_as_written(
+    mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    block = shell_blocks(SWEEPS)[0]
+    with kept_cluster(mnist_dir, tmp_path, monkeypatch) as (env, found):
+        prelude = f"source local-cluster/tokens.env\nsource {sys.prefix}/bin/activate"
+        shown = run_block(prelude, as_here(block, mnist_dir), tmp_path, env, timeout_s=800)
+        headers = {"Authorization": f"Bearer {found.token}"}
+        curl, from_file, cancelled = (
+            httpx.get(f"{found.server}/sweeps/{i}", headers=headers, timeout=10).json()
+            for i in (1, 2, 3)
+        )
+        listed = httpx.get(f"{found.server}/sweeps", headers=headers, timeout=10).json()
+    assert curl["status"] == "succeeded" and len(curl["trials"]) == 12, curl
+    assert curl["counts"]["pruned"] >= 4, curl["counts"]
+    assert from_file["status"] == "succeeded" and from_file["name"] == "lr, asha"
+    assert len(from_file["trials"]) == 6 and from_file["sampler"]["kind"] == "tpe"
+    assert cancelled["status"] == "cancelled"
+    assert set(cancelled["space"]) == {"lr", "seed"} and cancelled["max_trials"] == 8
+    assert [s["id"] for s in listed["data"]] == [3, 2, 1]
+    # ddpo sweep show --watch ends on the finished table, the best starred.
+    best = curl["best"]["number"]
+    assert re.search(rf"^\*\s+{best}\s+{curl['best']['job_id']}\s", shown, re.M), shown
+    assert "sweep 1 succeeded: 12 of 12 trial(s)" in shown
+    assert f"best: trial {best} (job {curl['best']['job_id']})" in shown
 
 
 @pytest.mark.timeout(600)

@@ -92,6 +92,11 @@ def test_a_sweep_over_a_plugins_params(cluster: LocalCluster, jobs: Jobs) -> Non
         "sampler": {"kind": "tpe", "seed": 3},
         "pruner": {"kind": "median", "startup_trials": 2},
     }
+    # A name the trainer's schema (as its nodes declare it) does not have.
+    typo = {**body, "space": {"params.hiden": {"type": "int", "low": 8, "high": 64}}}
+    refused = jobs.client.post("/sweeps", json=typo)
+    assert refused.status_code == 422
+    assert refused.json()["detail"][0]["loc"][-2:] == ["space", "params.hiden"]
     created = jobs.client.post("/sweeps", json=body)
     assert created.status_code == 201, created.text
     sweep = wait_sweep(jobs.client, created.json()["id"], 300)

@@ -55,16 +55,13 @@ def upgrade() -> None:
         sa.UniqueConstraint("job_id"),
     )
     op.create_index("ix_trial_sweep_id", "trial", ["sweep_id"])
-    with op.batch_alter_table("job") as batch:
-        batch.add_column(sa.Column("sweep_id", INTEGER, nullable=True))
-        batch.create_foreign_key("fk_job_sweep_id_sweep", "sweep", ["sweep_id"], ["id"])
-        batch.create_index("ix_job_sweep_id", ["sweep_id"])
+    op.add_column("job", sa.Column("sweep_id", INTEGER, nullable=True))
+    op.create_index("ix_job_sweep_id", "job", ["sweep_id"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_job_sweep_id", table_name="job")
     with op.batch_alter_table("job") as batch:
-        batch.drop_index("ix_job_sweep_id")
-        batch.drop_constraint("fk_job_sweep_id_sweep", type_="foreignkey")
         batch.drop_column("sweep_id")
     op.drop_index("ix_trial_sweep_id", table_name="trial")
     op.drop_table("trial")

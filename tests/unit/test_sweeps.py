@@ -1,0 +1,162 @@
+"""The search of a sweep as pure functions of its trial records (api/sweeps.py):
+what Optuna asks and prunes, rebuilt from rows alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from api import sweeps
+from api.sweeps import TrialRecord
+from ddpo.schemas import JobSpec, TrainResult
+from ddpo.schemas.sweep import SweepCreate, TrialState
+
+LR = {"lr": {"type": "float", "low": 0.01, "high": 5, "log": True}}
+
+
+def create(**fields: Any) -> SweepCreate:
+    body: dict[str, Any] = {"spec": {}, "space": LR, "max_trials": 10}
+    body.update(fields)
+    return SweepCreate.model_validate(body)
+
+
+def done(number: int, value: float, reports: dict[int, float | None] | None = None) -> TrialRecord:
+    return TrialRecord(
+        number=number,
+        state=TrialState.SUCCEEDED,
+        params={"lr": 0.1 * (number + 1)},
+        reports=reports or {},
+        value=value,
+    )
+
+
+def test_the_same_trials_ask_the_same_values_and_another_seed_others() -> None:
+    sweep = create(sampler={"kind": "tpe", "seed": 4})
+    history = [done(0, 0.5), done(1, 0.3)]
+    first, _ = sweeps.ask(sweep, history)
+    again, _ = sweeps.ask(sweep, history)
+    other, _ = sweeps.ask(create(sampler={"kind": "tpe", "seed": 5}), history)
+    assert first == again and first != other
+    assert 0.01 <= first["lr"] <= 5
+
+
+def test_a_grid_visits_every_point_once() -> None:
+    space = {
+        "batch_size": {"type": "int", "low": 32, "high": 96, "step": 32},
+        "params.act": {"type": "categorical", "choices": ["relu", "gelu"]},
+    }
+    sweep = create(space=space, sampler={"kind": "grid"}, max_trials=6)
+    records: list[TrialRecord] = []
+    for number in range(6):
+        params, attrs = sweeps.ask(sweep, records)
+        assert "grid_id" in attrs
+        records.append(TrialRecord(number, TrialState.RUNNING, params, system_attrs=attrs))
+    points = {(r.params["batch_size"], r.params["params.act"]) for r in records}
+    assert points == {(b, a) for b in (32, 64, 96) for a in ("relu", "gelu")}
+
+
+def test_asha_stops_a_trial_worse_than_those_before_it_at_a_rung() -> None:
+    sweep = create(pruner={"kind": "asha", "reduction_factor": 2, "grace_steps": 10})
+    before = [
+        done(0, 0.4, {11: 0.5}),
+        done(1, 0.3, {11: 0.6}),
+    ]
+    # ASHA notes each trial's value at each rung it reached.
+    for record, value in zip(before, (0.5, 0.6), strict=True):
+        record.system_attrs = {"completed_rung_0": value}
+    poor = TrialRecord(2, TrialState.RUNNING, {"lr": 4.0}, reports={11: 2.0})
+    prune, attrs = sweeps.should_prune(sweep, [*before, poor], 2)
+    assert prune and attrs["completed_rung_0"] == 2.0
+    good = TrialRecord(2, TrialState.RUNNING, {"lr": 0.5}, reports={11: 0.2})
+    assert sweeps.should_prune(sweep, [*before, good], 2)[0] is False
+    # Before its first rung no trial is judged; a diverged one is stopped.
+    early = TrialRecord(2, TrialState.RUNNING, {"lr": 4.0}, reports={5: 9.0})
+    assert sweeps.should_prune(sweep, [*before, early], 2)[0] is False
+    diverged = TrialRecord(2, TrialState.RUNNING, {"lr": 5.0}, reports={11: None})
+    assert sweeps.should_prune(sweep, [*before, diverged], 2)[0] is True
+
+
+def test_no_pruner_stops_nothing() -> None:
+    poor = TrialRecord(1, TrialState.RUNNING, {"lr": 4.0}, reports={11: 99.0})
+    assert sweeps.should_prune(create(), [done(0, 0.1, {11: 0.1}), poor], 1)[0] is False
+
+
+def test_the_median_pruner_waits_for_its_startup_trials() -> None:
+    sweep = create(pruner={"kind": "median", "startup_trials": 2})
+    one = [done(0, 0.1, {10: 0.1})]
+    poor = TrialRecord(1, TrialState.RUNNING, {"lr": 4.0}, reports={10: 5.0})
+    assert sweeps.should_prune(sweep, [*one, poor], 1)[0] is False
+    two = [*one, done(1, 0.2, {10: 0.2})]
+    poor = TrialRecord(2, TrialState.RUNNING, {"lr": 4.0}, reports={10: 5.0})
+    assert sweeps.should_prune(sweep, [*two, poor], 2)[0] is True
+
+
+def test_a_trials_spec_carries_its_values() -> None:
+    base = JobSpec.model_validate({"params": {"width": 8}, "epochs": 2})
+    spec = sweeps.trial_spec(base, {"lr": 0.2, "seed": 3, "params.depth": 4}, "s: trial 0")
+    assert (spec.lr, spec.seed, spec.params, spec.name) == (
+        0.2,
+        3,
+        {"width": 8, "depth": 4},
+        "s: trial 0",
+    )
+    script = JobSpec.model_validate({"script": {"path": "t.py", "args": ["--epochs", "1"]}})
+    spec = sweeps.trial_spec(script, {"args.lr": 0.5, "args.fast": True}, "t")
+    assert spec.script is not None
+    assert spec.script.args == ["--epochs", "1", "--lr", "0.5", "--fast", "true"]
+    with pytest.raises(ValidationError):
+        sweeps.trial_spec(base, {"batch_size": 0}, "t")
+
+
+def test_a_finished_trials_value_is_its_results_field_else_its_last_report() -> None:
+    result = TrainResult(test_accuracy=0.97, train_loss=0.2)
+    assert sweeps.final_value("test_accuracy", result, {10: 0.5}) == 0.97
+    assert sweeps.final_value("loss", result, {10: 0.5, 20: 0.4}) == 0.4
+    assert sweeps.final_value("accuracy", None, {}) is None
+
+
+def test_the_best_trial_follows_the_direction() -> None:
+    trials = [done(0, 0.5), done(1, 0.3), TrialRecord(2, TrialState.PRUNED, {}, value=0.1)]
+    best = sweeps.best(create(), trials)
+    assert best is not None and best.number == 1  # a pruned trial never counts
+    best = sweeps.best(create(objective={"metric": "acc", "direction": "maximize"}), trials)
+    assert best is not None and best.number == 0
+
+
+def test_trials_start_up_to_the_concurrency_and_the_total() -> None:
+    sweep = create(max_trials=5, max_concurrent=2)
+    running = TrialRecord(0, TrialState.RUNNING, {})
+    assert sweeps.to_start(sweep, []) == 2
+    assert sweeps.to_start(sweep, [running]) == 1
+    ended = [TrialRecord(i, TrialState.SUCCEEDED, {}) for i in range(4)]
+    assert sweeps.to_start(sweep, ended) == 1
+    assert sweeps.to_start(sweep, [*ended, running]) == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"sampler": {"kind": "grid"}}, "a grid takes choices or int ranges"),
+        (
+            {
+                "space": {"seed": {"type": "int", "low": 1, "high": 3}},
+                "sampler": {"kind": "grid"},
+                "max_trials": 4,
+            },
+            "max_trials 4 exceeds the grid's 3 points",
+        ),
+        ({"space": {"args.lr": LR["lr"]}}, "args.NAME is for a script job"),
+        (
+            {"spec": {"script": {"path": "t.py"}}, "space": {"params.x": LR["lr"]}},
+            "a script job takes args.NAME",
+        ),
+        ({"space": {"lr": {"type": "int", "low": 1, "high": 2}}}, "lr: a float range"),
+        ({"space": {"lr": {"type": "float", "low": 2, "high": 1}}}, "high 1 is below low 2"),
+        ({"space": {"x": {"type": "categorical", "choices": [1, 1]}}}, "choices repeat"),
+    ],
+)
+def test_a_sweep_that_cannot_run_is_refused(change: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValidationError, match=says):
+        create(**change)
