@@ -22,6 +22,7 @@ from typing import Any
 
 import ddpo
 from bench._runs import bench_parser
+from cli import render
 from cli.cluster import LocalCluster
 from ddpo.schemas.sweep import SweepPublic, TrialState
 
@@ -67,11 +68,14 @@ def main(argv: list[str] | None = None) -> None:
     ):
         default = client.wait(client.submit(**SPEC), timeout_s=600)  # also warms the workers
         assert default.result is not None
+        shown: SweepPublic | None = None
         for round_ in range(args.rounds):
             order = ("asha", "none") if round_ % 2 == 0 else ("none", "asha")
             for way in order:
                 sweep, wall = one_sweep(client, way)
                 assert sweep.best is not None
+                if way == "asha":
+                    shown = sweep
                 best = sweep.trials[sweep.best.number]
                 seen = figures[way]
                 seen["slot"].append(sweep.slot_seconds)
@@ -86,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
                     f"{sweep.best.params['lr']:.3g} test acc {100 * (accuracy or 0):.2f}%",
                     flush=True,
                 )
+    if shown is not None:
+        print(render.sweep_table(shown))
     mean = {way: {k: statistics.mean(v) for k, v in f.items()} for way, f in figures.items()}
     asha, none = mean["asha"], mean["none"]
     print(

@@ -813,7 +813,7 @@ function studyPage(id) {
 // --- sweeps ----------------------------------------------------------------------------
 
 const value = (v) => (v === null || v === undefined ? "–" : Number(v).toPrecision(4));
-const paramText = (v) => (typeof v === "number" ? value(v) : String(v));
+const paramText = (v) => (typeof v === "number" && !Number.isInteger(v) ? value(v) : String(v));
 
 function sweepsPage() {
   page().innerHTML = `

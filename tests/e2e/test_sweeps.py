@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 
+import ddpo
 from cli.cluster import LocalCluster
 from tests.e2e.conftest import Jobs, record, until
 
@@ -125,9 +126,11 @@ def test_a_sweep_over_a_scripts_arguments(cluster: LocalCluster, jobs: Jobs) -> 
         "max_concurrent": 2,
         "sampler": {"kind": "random", "seed": 5},
     }
-    created = jobs.client.post("/sweeps", json=body)
-    assert created.status_code == 201, created.text
-    sweep = wait_sweep(jobs.client, created.json()["id"], 300)
+    # Through the client, as a script that drives the server would.
+    assert cluster.tokens is not None
+    with ddpo.Client(cluster.url, cluster.tokens.user) as client:
+        submitted = client.submit_sweep(body)
+        sweep = client.wait_sweep(submitted.id, timeout_s=300).model_dump(mode="json")
     assert sweep["status"] == "succeeded", sweep
     assert [t["state"] for t in sweep["trials"]] == ["succeeded"] * 3
     for trial in sweep["trials"]:
