@@ -31,16 +31,18 @@ def read_sweep(*, db: Database, sweep_id: int) -> SweepPublic:
         sweep = queries.get_sweep(session=session, sweep_id=sweep_id)
         if sweep is None:
             raise NotFound(f"sweep {sweep_id} not found")
-        return _public(session, [sweep])[0]
+        return _public(session, [sweep], with_values=True)[0]
 
 
 def read_sweeps(*, db: Database, limit: int, offset: int) -> SweepsPublic:
     with db.read() as session:
         found = queries.list_sweeps(session=session, limit=limit, offset=offset)
-        return SweepsPublic(data=_public(session, found))
+        return SweepsPublic(data=_public(session, found, with_values=False))
 
 
-def _public(session: Session, found: list[Sweep]) -> list[SweepPublic]:
+def _public(session: Session, found: list[Sweep], with_values: bool) -> list[SweepPublic]:
+    """``with_values``: each trial's reports too (one sweep's page; a list
+    of sweeps leaves them out)."""
     trials = queries.trials_of_sweeps(session=session, sweep_ids=[s.id or 0 for s in found])
     job_ids = [t.job_id for t in trials]
     jobs = {j.id: j for j in queries.get_jobs(session=session, job_ids=job_ids)}
@@ -51,7 +53,10 @@ def _public(session: Session, found: list[Sweep]) -> list[SweepPublic]:
     for trial in trials:
         by_sweep[trial.sweep_id].append(trial)
     now = utcnow()
-    return [_sweep_public(sweep, by_sweep[sweep.id or 0], jobs, attempts, now) for sweep in found]
+    return [
+        _sweep_public(sweep, by_sweep[sweep.id or 0], jobs, attempts, now, with_values)
+        for sweep in found
+    ]
 
 
 def _sweep_public(
@@ -60,6 +65,7 @@ def _sweep_public(
     jobs: dict[int | None, Job],
     attempts: dict[int, list[Attempt]],
     now: datetime,
+    with_values: bool,
 ) -> SweepPublic:
     assert sweep.id is not None
     create = sweep.create
@@ -75,6 +81,7 @@ def _sweep_public(
         status=sweep.status,
         created_at=sweep.created_at,
         finished_at=sweep.finished_at,
+        error=sweep.error,
         spec=create.spec,
         space=create.space,
         objective=create.objective,
@@ -93,15 +100,16 @@ def _sweep_public(
             if best_trial is not None and best_trial.value is not None
             else None
         ),
-        trials=[_trial_public(t, jobs[t.job_id]) for t in trials],
+        trials=[_trial_public(t, jobs[t.job_id], with_values) for t in trials],
         slot_seconds=round(
             sum(_slot_seconds(jobs[t.job_id], attempts[t.job_id], now) for t in trials), 3
         ),
     )
 
 
-def _trial_public(trial: Trial, job: Job) -> TrialPublic:
+def _trial_public(trial: Trial, job: Job, with_values: bool) -> TrialPublic:
     reports = sorted(reports_of(trial).items())
+    last = reports[-1][0] if reports else None
     if len(reports) > MAX_POINTS_PER_TRIAL:
         stride = -(-len(reports) // MAX_POINTS_PER_TRIAL)
         reports = reports[-1::-stride][::-1]
@@ -112,9 +120,9 @@ def _trial_public(trial: Trial, job: Job) -> TrialPublic:
         job_status=job.status,
         params=trial.params,
         value=trial.value,
-        step=reports[-1][0] if reports else None,
+        step=last,
         pruned_at_step=trial.pruned_at_step,
-        values=reports,
+        values=reports if with_values else [],
         test_accuracy=job.result.test_accuracy if job.result is not None else None,
         started_at=job.started_at,
         finished_at=job.finished_at,

@@ -94,6 +94,8 @@ class Sweep(SQLModel, table=True):
     )
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # Why it ended early, when it could not go on (a trial it could not make).
+    error: str | None = None
 
 
 class Trial(SQLModel, table=True):

@@ -63,6 +63,8 @@ def submit_sweep(core: Core, create: SweepCreate, actor: Actor) -> int:
             dimensions=sorted(create.space),
         )
         advance(session, sweep, utcnow())
+        if sweep.error is not None:  # not even its first trials could be made
+            raise InvalidFields([(["space"], sweep.error)])
         schedule(session, core.settings)
         log.info("sweep %d submitted: %s", sweep.id, create.model_dump_json())
         return sweep.id
@@ -111,7 +113,15 @@ def advance(session: Session, sweep: Sweep, now: datetime) -> bool:
     records = [record_of(t) for t in trials]
     started = 0
     for _ in range(sweeps.to_start(sweep.create, records)):
-        records.append(_start_trial(session, sweep, records))
+        try:
+            records.append(_start_trial(session, sweep, records))
+        except ValueError as exc:
+            # A value the spec refuses that the checks at submit (each
+            # dimension's extremes, one at a time) could not foresee: the
+            # sweep ends, saying why, rather than the report that ended a
+            # trial failing (and its node sending it forever).
+            _give_up(sweep, f"trial {len(records)}: {_first_error(exc)}", now)
+            return True
         started += 1
     if not started and all(r.state.is_terminal() for r in records):
         sweep.status = _ended_status(records)
@@ -126,6 +136,14 @@ def advance(session: Session, sweep: Sweep, now: datetime) -> bool:
         )
         return True
     return started > 0
+
+
+def _give_up(sweep: Sweep, error: str, now: datetime) -> None:
+    """No more trials start (those running go on to their end)."""
+    log.error("sweep %d cannot go on: %s", sweep.id, error)
+    sweep.error = error
+    sweep.status = JobStatus.FAILED
+    sweep.finished_at = now
 
 
 def _ended_status(records: Sequence[sweeps.TrialRecord]) -> JobStatus:

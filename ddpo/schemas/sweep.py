@@ -235,7 +235,8 @@ class TrialPublic(BaseModel):
     step: int | None = Field(None, description="The step of the latest report")
     pruned_at_step: int | None = None
     values: list[tuple[int, float | None]] = Field(
-        default_factory=list, description="The objective's reports: (step, value)"
+        default_factory=list,
+        description="The objective's reports: (step, value); GET /sweeps/{id} only",
     )
     test_accuracy: float | None = None
     started_at: datetime | None = None
@@ -259,6 +260,7 @@ class SweepPublic(BaseModel):
     )
     created_at: datetime
     finished_at: datetime | None = None
+    error: str | None = Field(None, description="Why it ended early, if it could not go on")
     spec: JobSpec
     space: dict[str, Dimension]
     objective: Objective

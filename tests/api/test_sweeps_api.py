@@ -256,3 +256,41 @@ def test_only_the_owner_or_an_admin_cancels_a_sweep(tmp_path: Path) -> None:
             ("sweep.cancel", "ann"),
             ("sweep.submit", "ann"),
         ]
+
+
+def test_values_the_spec_refuses_together_end_the_sweep_saying_why(client: httpx.Client) -> None:
+    """Each dimension's extremes are checked alone at submit; values that are
+    fine alone but too much together (params over their 16 KiB) are found
+    when the trial is made: at submit a 422, later the sweep ends failed,
+    saying why, and no report that ended a trial fails."""
+    node = ProtocolNode(client, "n", slots=1)
+    one, two = "a" * 250, "b" * 250
+    base = {"epochs": 1, "params": {"pad": "x" * 16_000}}
+    space = {
+        "params.a": {"type": "categorical", "choices": [one]},
+        "params.b": {"type": "categorical", "choices": [two]},
+    }
+    refused = client.post("/sweeps", json=sweep_body(spec=base, space=space, max_concurrent=1))
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"][0]["loc"][-1] == "space"
+    assert "trial 0: params" in refused.json()["detail"][0]["msg"]
+    assert client.get("/sweeps").json()["data"] == []
+
+    # A second trial that cannot be made: the first ran, then the sweep ends.
+    grown = {
+        "params.a": {"type": "categorical", "choices": ["", one]},
+        "params.b": space["params.b"],
+    }
+    # Seed 1: the grid's first point is the short value (api/sweeps.py seeds
+    # the grid with the sweep's seed alone).
+    grid = {"kind": "grid", "seed": 1}
+    body = sweep_body(spec=base, space=grown, max_concurrent=1, sampler=grid, max_trials=2)
+    created = client.post("/sweeps", json=body)
+    assert created.status_code == 201, created.text
+    sweep = created.json()
+    assert [t["params"]["params.a"] for t in sweep["trials"]] == [""]
+    ((_, part),) = started(client, node).items()
+    node.finish(part, "succeeded", exit_code=0, result={"test_accuracy": 0.9}).raise_for_status()
+    ended = get(client, sweep["id"])
+    assert ended["status"] == "failed" and len(ended["trials"]) == 1
+    assert ended["error"].startswith("trial 1: params"), ended["error"]
