@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.conftest import ProtocolNode, ThreadedServer, bearer, make_settings
+from tests.api.conftest import ProtocolNode, ThreadedServer, bearer, make_settings, wait_for
 
 LR = {"lr": {"type": "float", "low": 0.01, "high": 5, "log": True}}
 
@@ -294,3 +294,54 @@ def test_values_the_spec_refuses_together_end_the_sweep_saying_why(client: httpx
     ended = get(client, sweep["id"])
     assert ended["status"] == "failed" and len(ended["trials"]) == 1
     assert ended["error"].startswith("trial 1: params"), ended["error"]
+
+
+def test_a_trial_is_preempted_and_retried_like_any_job_and_stays_in_its_sweep(
+    tmp_path: Path,
+) -> None:
+    settings = make_settings(tmp_path, poll_wait_s=0.0, preemption_min_run_s=0, retry_backoff_s=0.1)
+    with ThreadedServer(settings) as server, httpx.Client(base_url=server.url) as client:
+        preempted_then_retried(client)
+
+
+def preempted_then_retried(client: httpx.Client) -> None:
+    node = ProtocolNode(client, "n", slots=1)
+    spec = {"epochs": 1, "max_restarts": 1}
+    body = sweep_body(spec=spec, max_concurrent=1, max_trials=2, pruner={"kind": "none"})
+    sweep = client.post("/sweeps", json=body).json()
+    ((trial_job, part),) = started(client, node).items()
+    report(client, node, part, 0, 11, 1.0)
+
+    # A job of a higher priority takes the slot: the trial stops at a step
+    # and goes back to the queue, still its sweep's running trial.
+    urgent = client.post("/jobs", json={"priority": 10}).json()["id"]
+    asked = node.poll(active=[part])["checkpoint_and_stop"]
+    assert [(a["part_id"], a["reason"]) for a in asked] == [(part, "preempted")]
+    node.finish(part, "stopped", exit_code=0, step=12).raise_for_status()
+    assert client.get(f"/jobs/{trial_job}").json()["status"] == "queued"
+    (trial,) = get(client, sweep["id"])["trials"]
+    assert trial["state"] == "running" and trial["job_status"] == "queued"
+    ((job_id, urgent_part),) = started(client, node).items()
+    assert job_id == urgent
+    node.finish(urgent_part, "succeeded", exit_code=0).raise_for_status()
+
+    # Back on the node, it fails in a way a retry may fix: it is retried.
+    ((job_id, part),) = started(client, node).items()
+    assert job_id == trial_job
+    node.finish(part, "failed", exit_code=-9, reason="rank_exited", message="killed")
+    assert client.get(f"/jobs/{trial_job}").json()["status"] == "queued"
+
+    def retried() -> dict[int, int]:
+        return started(client, node)
+
+    ((job_id, part),) = wait_for(retried, what="the retry").items()
+    assert job_id == trial_job
+    node.finish(part, "succeeded", exit_code=0, result={"test_accuracy": 0.9}).raise_for_status()
+    done = get(client, sweep["id"])
+    assert [t["state"] for t in done["trials"]] == ["succeeded", "queued"]
+    job = client.get(f"/jobs/{trial_job}").json()
+    assert [a["ended"].split(",")[0] for a in job["attempts"]] == [
+        f"preempted by job {urgent}",
+        "failed: rank_exited",
+        "succeeded",
+    ]
