@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import datetime
+from types import ModuleType
 
 from sqlmodel import Session
 
@@ -42,6 +43,15 @@ from ddpo.schemas.people import AuditAction
 from ddpo.schemas.sweep import SweepCreate, TrialState
 
 log = logging.getLogger(__name__)
+
+
+def _search() -> ModuleType:
+    """api/search.py, loaded with the first decision a sweep needs: Optuna
+    brings numpy and its BLAS threads (17 MB here), which a server that
+    runs no sweep does without."""
+    from api import search
+
+    return search
 
 
 def submit_sweep(core: Core, create: SweepCreate, actor: Actor) -> int:
@@ -157,7 +167,7 @@ def _start_trial(
 ) -> sweeps.TrialRecord:
     assert sweep.id is not None
     number = len(records)
-    params, system_attrs = sweeps.ask(sweep.create, records)
+    params, system_attrs = _search().ask(sweep.create, records)
     label = sweep.name or f"sweep {sweep.id}"
     spec = sweeps.trial_spec(sweep.create.spec, params, f"{label}: trial {number}")
     job = queries.insert_job(
@@ -223,7 +233,7 @@ def on_progress(
     records = [
         record_of(t) for t in queries.trials_of_sweeps(session=session, sweep_ids=[sweep.id or 0])
     ]
-    prune, system_attrs = sweeps.should_prune(sweep.create, records, trial.number)
+    prune, system_attrs = _search().should_prune(sweep.create, records, trial.number)
     trial.system_attrs = system_attrs
     if not prune:
         return

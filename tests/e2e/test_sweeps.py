@@ -10,7 +10,7 @@ import httpx
 
 import ddpo
 from cli.cluster import LocalCluster
-from tests.e2e.conftest import Jobs, record, until
+from tests.e2e.conftest import Jobs, rank_processes, record, until
 
 # Three short epochs: ASHA's rungs (grace 10, reduction 3) at steps 10, 30 and 90.
 EPOCHS, STEPS = 3, 40
@@ -142,3 +142,36 @@ def test_a_sweep_over_a_scripts_arguments(cluster: LocalCluster, jobs: Jobs) -> 
         assert trial["value"] == job["progress"]["metrics"]["accuracy"]
     best = max(sweep["trials"], key=lambda t: t["value"])
     assert sweep["best"]["number"] == best["number"]
+
+
+def test_a_pruned_two_machine_trial_stops_on_both_machines_without_a_hang(
+    cluster: LocalCluster, jobs: Jobs
+) -> None:
+    """Each trial spans both nodes: the pruned one's ranks agree on a step,
+    checkpoint and end on both machines (the stop of ray_lightning#253's
+    hang), and the sweep goes on."""
+    body = {
+        "spec": {
+            "topology": {"num_machines": 2, "num_processes": 1},
+            "epochs": 2,
+            "max_steps_per_epoch": STEPS,
+            "batch_size": 64,
+        },
+        # Seed 1: the grid's first point is lr 1.0, which trains well; 0.01 does not.
+        "space": {"lr": {"type": "categorical", "choices": [1.0, 0.01]}},
+        "objective": {"metric": "train_loss"},
+        "max_trials": 2,
+        "max_concurrent": 1,
+        "sampler": {"kind": "grid", "seed": 1},
+        "pruner": {"kind": "median", "startup_trials": 1},
+    }
+    created = jobs.client.post("/sweeps", json=body)
+    assert created.status_code == 201, created.text
+    sweep = wait_sweep(jobs.client, created.json()["id"], 300)
+    first, second = sweep["trials"]
+    assert (first["params"]["lr"], first["state"]) == (1.0, "succeeded")
+    assert (second["params"]["lr"], second["state"]) == (0.01, "pruned"), second
+    pruned = jobs.get(second["job_id"])
+    assert [p["status"] for p in pruned["parts"]] == ["stopped", "stopped"]
+    assert pruned["attempts"][0]["stopped_at_step"] < 2 * STEPS
+    until(lambda: rank_processes(cluster) == [], 30, "every rank to have exited")

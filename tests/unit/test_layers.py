@@ -135,3 +135,16 @@ def test_importing_the_core_pulls_in_no_web_framework() -> None:
         [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_a_server_that_runs_no_sweep_loads_no_optuna() -> None:
+    """Optuna brings numpy and its BLAS threads (17 MB): loaded with the
+    first sweep's decision (api/core/sweeps.py), not with the server."""
+    probe = (
+        "import sys, api.main; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'optuna', 'numpy', 'scipy'}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]"

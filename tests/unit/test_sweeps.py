@@ -1,5 +1,6 @@
-"""The search of a sweep as pure functions of its trial records (api/sweeps.py):
-what Optuna asks and prunes, rebuilt from rows alone."""
+"""A sweep's search and bookkeeping as pure functions of its trial records
+(api/search.py, api/sweeps.py): what Optuna asks and prunes, rebuilt from
+rows alone."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from api import sweeps
+from api import search, sweeps
 from api.sweeps import TrialRecord
 from ddpo.schemas import JobSpec, TrainResult
 from ddpo.schemas.sweep import SweepCreate, TrialState
@@ -35,9 +36,9 @@ def done(number: int, value: float, reports: dict[int, float | None] | None = No
 def test_the_same_trials_ask_the_same_values_and_another_seed_others() -> None:
     sweep = create(sampler={"kind": "tpe", "seed": 4})
     history = [done(0, 0.5), done(1, 0.3)]
-    first, _ = sweeps.ask(sweep, history)
-    again, _ = sweeps.ask(sweep, history)
-    other, _ = sweeps.ask(create(sampler={"kind": "tpe", "seed": 5}), history)
+    first, _ = search.ask(sweep, history)
+    again, _ = search.ask(sweep, history)
+    other, _ = search.ask(create(sampler={"kind": "tpe", "seed": 5}), history)
     assert first == again and first != other
     assert 0.01 <= first["lr"] <= 5
 
@@ -50,7 +51,7 @@ def test_a_grid_visits_every_point_once() -> None:
     sweep = create(space=space, sampler={"kind": "grid"}, max_trials=6)
     records: list[TrialRecord] = []
     for number in range(6):
-        params, attrs = sweeps.ask(sweep, records)
+        params, attrs = search.ask(sweep, records)
         assert "grid_id" in attrs
         records.append(TrialRecord(number, TrialState.RUNNING, params, system_attrs=attrs))
     points = {(r.params["batch_size"], r.params["params.act"]) for r in records}
@@ -67,30 +68,30 @@ def test_asha_stops_a_trial_worse_than_those_before_it_at_a_rung() -> None:
     for record, value in zip(before, (0.5, 0.6), strict=True):
         record.system_attrs = {"completed_rung_0": value}
     poor = TrialRecord(2, TrialState.RUNNING, {"lr": 4.0}, reports={11: 2.0})
-    prune, attrs = sweeps.should_prune(sweep, [*before, poor], 2)
+    prune, attrs = search.should_prune(sweep, [*before, poor], 2)
     assert prune and attrs["completed_rung_0"] == 2.0
     good = TrialRecord(2, TrialState.RUNNING, {"lr": 0.5}, reports={11: 0.2})
-    assert sweeps.should_prune(sweep, [*before, good], 2)[0] is False
+    assert search.should_prune(sweep, [*before, good], 2)[0] is False
     # Before its first rung no trial is judged; a diverged one is stopped.
     early = TrialRecord(2, TrialState.RUNNING, {"lr": 4.0}, reports={5: 9.0})
-    assert sweeps.should_prune(sweep, [*before, early], 2)[0] is False
+    assert search.should_prune(sweep, [*before, early], 2)[0] is False
     diverged = TrialRecord(2, TrialState.RUNNING, {"lr": 5.0}, reports={11: None})
-    assert sweeps.should_prune(sweep, [*before, diverged], 2)[0] is True
+    assert search.should_prune(sweep, [*before, diverged], 2)[0] is True
 
 
 def test_no_pruner_stops_nothing() -> None:
     poor = TrialRecord(1, TrialState.RUNNING, {"lr": 4.0}, reports={11: 99.0})
-    assert sweeps.should_prune(create(), [done(0, 0.1, {11: 0.1}), poor], 1)[0] is False
+    assert search.should_prune(create(), [done(0, 0.1, {11: 0.1}), poor], 1)[0] is False
 
 
 def test_the_median_pruner_waits_for_its_startup_trials() -> None:
     sweep = create(pruner={"kind": "median", "startup_trials": 2})
     one = [done(0, 0.1, {10: 0.1})]
     poor = TrialRecord(1, TrialState.RUNNING, {"lr": 4.0}, reports={10: 5.0})
-    assert sweeps.should_prune(sweep, [*one, poor], 1)[0] is False
+    assert search.should_prune(sweep, [*one, poor], 1)[0] is False
     two = [*one, done(1, 0.2, {10: 0.2})]
     poor = TrialRecord(2, TrialState.RUNNING, {"lr": 4.0}, reports={10: 5.0})
-    assert sweeps.should_prune(sweep, [*two, poor], 2)[0] is True
+    assert search.should_prune(sweep, [*two, poor], 2)[0] is True
 
 
 def test_a_trials_spec_carries_its_values() -> None:
