@@ -264,3 +264,42 @@ def test_placement_on_one_server_sees_a_node_that_joined_through_the_other_befor
             ProtocolNode(on_b, "second", JOIN)
             submitted = on_a.post("/jobs", json={}, headers=bearer(USER)).raise_for_status()
             assert submitted.json()["status"] == "running", submitted.json()["pending_reason"]
+
+
+def test_a_sweep_goes_on_whichever_server_hears_of_its_trials(
+    replicas: tuple[httpx.Client, httpx.Client],
+) -> None:
+    """Submitted through one server, its trials reported through the other:
+    the other makes the next trials from the rows alone, and with both
+    servers' clocks turning no trial number is asked twice."""
+    on_a, on_b = replicas
+    node = ProtocolNode(on_b, "n", join_token=JOIN, slots=2)
+    body = {
+        "spec": {"epochs": 1},
+        "space": {"lr": {"type": "float", "low": 0.01, "high": 5, "log": True}},
+        "max_trials": 6,
+        "max_concurrent": 2,
+        "sampler": {"kind": "random", "seed": 3},
+    }
+    sweep = on_a.post("/sweeps", json=body, headers=bearer(USER)).raise_for_status().json()
+    for _ in range(3):  # two trials at a time, each pair ended through b
+
+        def given() -> list[dict[str, Any]]:
+            starts: list[dict[str, Any]] = node.poll(wait_s=0)["start"]
+            return starts
+
+        for start in wait_for(given, what="the next trials"):
+            node.finish(start["part_id"], "succeeded", exit_code=0, result={"test_loss": 0.1})
+    done = wait_for(
+        lambda: (
+            (s := on_a.get(f"/sweeps/{sweep['id']}", headers=bearer(USER)).json())["status"]
+            == "succeeded"
+            and s
+        ),
+        what="the sweep to end on a",
+    )
+    assert [t["number"] for t in done["trials"]] == list(range(6))
+    assert [t["state"] for t in done["trials"]] == ["succeeded"] * 6
+    assert len({t["job_id"] for t in done["trials"]}) == 6
+    same = on_b.get(f"/sweeps/{sweep['id']}", headers=bearer(USER)).json()
+    assert same["trials"] == done["trials"]
