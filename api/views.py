@@ -64,6 +64,7 @@ def job_public(
         priority=job.priority,
         queue_position=queued.position if queued else None,
         pending=queued.pending if queued else None,
+        sweep_id=job.sweep_id,
         spec=job.spec,
         world_size=_machines(job, attempt) * job.spec.topology.num_processes,
         attempt=attempt.number if attempt else 0,

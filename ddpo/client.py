@@ -935,6 +935,20 @@ class AsyncClient(_Base):
     async def cancel_sweep(self, sweep_id: int) -> SweepPublic:
         return await self.call(Calls.cancel_sweep(sweep_id))
 
+    async def wait_sweep(
+        self, sweep_id: int, *, timeout_s: float | None = None, poll_s: float = 1.0
+    ) -> SweepPublic:
+        """As :meth:`Client.wait_sweep`."""
+        patience = Patience(self.patience_s, self.say)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            sweep = await self._patiently(Calls.sweep(sweep_id), patience)
+            if sweep.status.is_terminal():
+                return sweep
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(sweep, timeout_s or 0)
+            await asyncio.sleep(poll_s)
+
     async def create_key(self, name: str, role: str = "user") -> KeyCreated:
         return await self.call(Calls.create_key(name, role))
 

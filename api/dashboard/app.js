@@ -235,7 +235,7 @@ function jobsPage() {
 function jobPage(id) {
   page().innerHTML = `
     <h1>Job ${id} <span id="job-name" class="muted"></span> <span id="status"></span>
-      <span class="muted small">by <span id="owner">–</span></span>
+      <span class="muted small">by <span id="owner">–</span><span id="sweep-of"></span></span>
       <button id="cancel" class="danger" style="margin-left:auto" disabled>Cancel</button></h1>
     <div class="card">
       <div class="row" style="justify-content:space-between;margin-bottom:8px">
@@ -299,6 +299,8 @@ function jobPage(id) {
     document.title = `ddpo · job ${job.id} ${job.status}`;
     document.getElementById("job-name").textContent = job.name || "";
     document.getElementById("status").innerHTML = badge(job.status);
+    document.getElementById("sweep-of").innerHTML = job.sweep_id
+      ? `, a trial of <a href="/ui/sweeps/${job.sweep_id}">sweep ${job.sweep_id}</a>` : "";
     // Only its owner or an admin may steer a job: say so rather than offer it.
     const steer = maySteer(job);
     cancel.hidden = TERMINAL.has(job.status);

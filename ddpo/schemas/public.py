@@ -167,6 +167,7 @@ class JobPublic(BaseModel):
     )
     queue_position: int | None = Field(None, description="While queued: 1 is tried first")
     pending: PendingPublic | None = Field(None, description="While queued: why, with numbers")
+    sweep_id: int | None = Field(None, description="The sweep it is a trial of (GET /sweeps/{id})")
     spec: JobSpec
     world_size: int
     attempt: int = Field(description="Attempt number, 0 before the first start")

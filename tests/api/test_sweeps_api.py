@@ -74,6 +74,7 @@ def test_trials_are_jobs_with_the_sweeps_values_owner_and_priority(client: httpx
         assert job["spec"]["lr"] == trial["params"]["lr"]
         assert 0.01 <= job["spec"]["lr"] <= 5
         assert job["priority"] == 5 and job["status"] == "queued"
+        assert job["sweep_id"] == sweep["id"]
         assert job["name"] == f"lr: trial {trial['number']}"
     listed = {j["id"] for j in client.get("/jobs").json()["data"]}
     assert {t["job_id"] for t in sweep["trials"]} <= listed

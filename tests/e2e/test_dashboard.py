@@ -479,3 +479,6 @@ def test_the_sweep_page_shows_every_trial_the_best_and_a_line_per_succeeded_tria
     lines = page.eval_on_selector("#objective-chart", "c => c.data.length")
     assert lines == sum(1 for t in api["trials"] if t["values"])
     page.screenshot(path=str(ARTIFACTS / "dashboard-sweep.png"), full_page=True)
+    # A trial's job page says whose trial it is.
+    page.click(f"#sweep-trials tr.best a[href='/ui/jobs/{api['best']['job_id']}']")
+    page.locator(f"#sweep-of a[href='/ui/sweeps/{sweep_id}']").wait_for()

@@ -4,6 +4,7 @@ script's arguments swept the same way."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -100,7 +101,14 @@ def test_a_sweep_over_a_plugins_params(cluster: LocalCluster, jobs: Jobs) -> Non
     assert refused.json()["detail"][0]["loc"][-2:] == ["space", "params.hiden"]
     created = jobs.client.post("/sweeps", json=body)
     assert created.status_code == 201, created.text
-    sweep = wait_sweep(jobs.client, created.json()["id"], 300)
+
+    async def waited() -> dict[str, Any]:  # as an asyncio program would
+        assert cluster.tokens is not None
+        async with ddpo.AsyncClient(cluster.url, cluster.tokens.read) as client:
+            done = await client.wait_sweep(created.json()["id"], timeout_s=300, poll_s=0.5)
+            return done.model_dump(mode="json")
+
+    sweep = asyncio.run(waited())
     assert sweep["status"] == "succeeded"
     assert len(sweep["trials"]) == 4
     for trial in sweep["trials"]:
