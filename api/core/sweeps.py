@@ -2,7 +2,7 @@
 
 Every decision is made inside a write transaction that holds the sweep's
 row (``FOR UPDATE`` on PostgreSQL; SQLite has one writer), from the trial
-rows alone (api/sweeps.py rebuilds Optuna's study from them): a server
+rows alone (api/search.py rebuilds Optuna's study from them): a server
 killed between two decisions loses nothing, and a trial's number is
 unique in its sweep, so none is asked twice. Three moments drive it:
 
@@ -132,6 +132,10 @@ def advance(session: Session, sweep: Sweep, now: datetime) -> bool:
             # trial failing (and its node sending it forever).
             _give_up(sweep, f"trial {len(records)}: {_first_error(exc)}", now)
             return True
+        except Exception as exc:  # the sampler's own failure: the same, logged whole
+            log.exception("sweep %d: asking trial %d failed", sweep.id, len(records))
+            _give_up(sweep, f"trial {len(records)}: the sampler failed: {exc}", now)
+            return True
         started += 1
     if not started and all(r.state.is_terminal() for r in records):
         sweep.status = _ended_status(records)
@@ -212,32 +216,58 @@ def on_progress(
     trial = queries.trial_of_job(session=session, job_id=job.id or 0)
     if sweep is None or trial is None or trial.state.is_terminal():
         return
-    metric = sweep.create.objective.metric
-    new: dict[int, float | None] = {}
-    for report in sorted(reports, key=lambda r: r.seq):
-        present, value = sweeps.reported(metric, report)
-        if present:
-            new[sweeps.step_of(report)] = value
     if trial.state is TrialState.QUEUED:
         trial.state = TrialState.RUNNING
-    if not new:
+    if not _keep_reports(sweep, trial, reports):
         return
-    reports_now = reports_of(trial)
-    sweeps.add_reports(reports_now, new)
-    trial.reports = {str(step): value for step, value in sorted(reports_now.items())}
-    trial.value = reports_now[max(reports_now)]
     if trial.pruned_at_step is not None or job.status is not JobStatus.RUNNING:
         return
     if any(_is_last(r, job.spec.epochs) for r in reports):
         return  # trained to its end: nothing left to save by stopping it
+    _judge(session, sweep, trial, job, now, settings)
+
+
+def _keep_reports(sweep: Sweep, trial: Trial, reports: Sequence[ProgressReport]) -> bool:
+    """The objective's values among ``reports``, kept on the trial by step.
+    False if there were none."""
+    new: dict[int, float | None] = {}
+    for report in sorted(reports, key=lambda r: r.seq):
+        present, value = sweeps.reported(sweep.create.objective.metric, report)
+        if present:
+            new[sweeps.step_of(report)] = value
+    if not new:
+        return False
+    kept = reports_of(trial)
+    sweeps.add_reports(kept, new)
+    trial.reports = {str(step): value for step, value in sorted(kept.items())}
+    trial.value = kept[max(kept)]
+    return True
+
+
+def _judge(
+    session: Session,
+    sweep: Sweep,
+    trial: Trial,
+    job: Job,
+    now: datetime,
+    settings: ServerSettings,
+) -> None:
+    """The pruner's judgement of the trial at its latest report; a poor
+    trial is asked to stop at a step."""
     records = [
         record_of(t) for t in queries.trials_of_sweeps(session=session, sweep_ids=[sweep.id or 0])
     ]
-    prune, system_attrs = _search().should_prune(sweep.create, records, trial.number)
+    try:
+        prune, system_attrs = _search().should_prune(sweep.create, records, trial.number)
+    except Exception:
+        # The trial trains on unjudged rather than its node's report
+        # failing (and being sent again forever).
+        log.exception("sweep %d trial %d: the pruner failed", sweep.id, trial.number)
+        return
     trial.system_attrs = system_attrs
     if not prune:
         return
-    step = max(reports_now)
+    step = max(reports_of(trial))
     detail = f"sweep {sweep.id} trial {trial.number} at step {step}"
     if ask_to_stop(session, job, StopReason.PRUNED, detail, now, settings):
         trial.pruned_at_step = step

@@ -346,3 +346,22 @@ def preempted_then_retried(client: httpx.Client) -> None:
         "failed: rank_exited",
         "succeeded",
     ]
+
+
+def test_a_failing_pruner_leaves_the_trial_training_and_the_report_taken(
+    client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from api import search
+
+    def broken(*args: Any) -> tuple[bool, dict[str, Any]]:
+        raise RuntimeError("a pruner's bug")
+
+    monkeypatch.setattr(search, "should_prune", broken)
+    node = ProtocolNode(client, "n", slots=2)
+    sweep = client.post("/sweeps", json=sweep_body()).json()
+    parts = started(client, node)
+    for seq, (_, part) in enumerate(sorted(parts.items())):
+        report(client, node, part, seq, 11, 0.5 + seq)  # raises if the report failed
+    trials = get(client, sweep["id"])["trials"]
+    assert [(t["state"], t["value"]) for t in trials] == [("running", 0.5), ("running", 1.5)]
+    assert node.poll(active=list(parts.values()))["checkpoint_and_stop"] == []
