@@ -51,9 +51,10 @@ def distribution(dimension: Dimension) -> BaseDistribution:
         return FloatDistribution(
             dimension.low, dimension.high, log=dimension.log, step=dimension.step
         )
-    if isinstance(dimension, IntRange):
-        step = None if dimension.log else dimension.step
-        return IntDistribution(dimension.low, dimension.high, log=dimension.log, step=step or 1)
+    if isinstance(dimension, IntRange):  # a log scale has step 1 (SweepCreate)
+        return IntDistribution(
+            dimension.low, dimension.high, log=dimension.log, step=dimension.step
+        )
     return CategoricalDistribution(dimension.choices)
 
 

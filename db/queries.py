@@ -248,9 +248,9 @@ def list_sweeps(*, session: Session, limit: int, offset: int) -> list[Sweep]:
     return list(session.exec(statement.limit(limit)).all())
 
 
-def running_sweep_ids(*, session: Session) -> list[int]:
-    statement = select(Sweep.id).where(Sweep.status == JobStatus.RUNNING).order_by(col(Sweep.id))
-    return [i for i in session.exec(statement).all() if i is not None]
+def running_sweeps(*, session: Session) -> list[Sweep]:
+    statement = select(Sweep).where(Sweep.status == JobStatus.RUNNING).order_by(col(Sweep.id))
+    return list(session.exec(statement).all())
 
 
 def trials_of_sweeps(*, session: Session, sweep_ids: Iterable[int]) -> list[Trial]:

@@ -310,13 +310,11 @@ def _due(session: Session) -> list[Sweep]:
     """Running sweeps with a trial to start or nothing left to run: read
     first (the trials' states alone), so a clock turn with nothing to do
     takes no write lock."""
-    ids = queries.running_sweep_ids(session=session)
-    states = queries.trial_states_of_sweeps(session=session, sweep_ids=ids)
+    running = queries.running_sweeps(session=session)
+    states = queries.trial_states_of_sweeps(session=session, sweep_ids=[s.id or 0 for s in running])
     due = []
-    for sweep_id in ids:
-        sweep = queries.get_sweep(session=session, sweep_id=sweep_id)
-        assert sweep is not None
-        mine = states.get(sweep_id, [])
+    for sweep in running:
+        mine = states.get(sweep.id or 0, [])
         records = [sweeps.TrialRecord(n, state, {}) for n, state in enumerate(mine)]
         if sweeps.to_start(sweep.create, records) or all(s.is_terminal() for s in mine):
             due.append(sweep)

@@ -27,10 +27,10 @@ def trial_ended(session: Session, job: Job, now: datetime) -> None:
     assert sweep is not None
     trial.state = _state_of(session, job)
     trial.finished_at = now
-    reports = reports_of(trial)
-    if trial.state is TrialState.SUCCEEDED:
+    if trial.state is TrialState.SUCCEEDED:  # else its value stays its last report
         trial.pruned_at_step = None  # it ended before the stop landed
-        trial.value = sweeps.final_value(sweep.create.objective.metric, job.result, reports)
+        metric = sweep.create.objective.metric
+        trial.value = sweeps.final_value(metric, job.result, reports_of(trial))
         if trial.value is None:
             log.warning(
                 "sweep %d trial %d (job %d) succeeded without reporting %s",
@@ -39,8 +39,6 @@ def trial_ended(session: Session, job: Job, now: datetime) -> None:
                 job.id,
                 sweep.create.objective.metric,
             )
-    elif reports:
-        trial.value = reports[max(reports)]
     log.info("sweep %d trial %d (job %d): %s", sweep.id, trial.number, job.id, trial.state)
 
 
