@@ -33,7 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
         "worker moves to the next when one cannot be reached "
         "[DDPO_SERVER_URL, default http://127.0.0.1:8000]",
     )
-    parser.add_argument("--name", help="unique node name [DDPO_WORKER_NAME, default the host name]")
+    parser.add_argument(
+        "--name",
+        help="unique node name [DDPO_WORKER_NAME, default: SLURMD_NODENAME in a Slurm "
+        "job, else the host name]",
+    )
     _add_network_arguments(parser)
     _add_capacity_arguments(parser)
     parser.add_argument(
@@ -92,7 +96,8 @@ def _add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
         "--cpus",
         type=int,
         help="cores this node's ranks share (threads per rank = cpus // processes) "
-        "[DDPO_WORKER_CPUS, default: the affinity mask and the cgroup CPU quota]",
+        "[DDPO_WORKER_CPUS, default: SLURM_CPUS_ON_NODE in a Slurm job, else the affinity "
+        "mask and the cgroup CPU quota]",
     )
     parser.add_argument(
         "--cpu-set",
@@ -105,7 +110,10 @@ def _add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
         "--slots", type=int, help="job parts run at once [DDPO_WORKER_SLOTS, default 1]"
     )
     parser.add_argument(
-        "--gpus", type=int, help="GPUs offered [DDPO_WORKER_GPUS, default: counted]"
+        "--gpus",
+        type=int,
+        help="GPUs offered [DDPO_WORKER_GPUS, default: SLURM_GPUS_ON_NODE in a Slurm "
+        "job, else counted]",
     )
     parser.add_argument(
         "--rank-env",

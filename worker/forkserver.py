@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from worker import shield
 from worker._process import die_with_parent, signal_group
 
 # How long the daemon waits for "forked <pid>" once the server is ready.
@@ -46,7 +47,10 @@ FORK_REPLY_TIMEOUT_S = 10.0
 def serve(data_dir: Path, extra_trainers: dict[str, str]) -> int:
     """``python -m worker.forkserver DATA_DIR [TRAINERS_JSON]``: the daemon's
     child, on pipes."""
-    die_with_parent(os.getppid(), signal.SIGTERM)
+    daemon = os.getppid()
+    die_with_parent(daemon, signal.SIGTERM)
+    # The daemon stops it with EOF; a SIGTERM to every process is not for it.
+    shield.install(daemon)
     from worker import launcher, trainers
 
     offers = launcher.preload(data_dir, extra_trainers)

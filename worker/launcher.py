@@ -16,14 +16,14 @@ import pickle
 import signal
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from ddpo.failures import FailureReason
 from ddpo.schemas.protocol import TrainerOffer
-from worker import rank_env, runfiles, trainers
+from worker import rank_env, runfiles, shield, trainers
 from worker._process import die_with_parent, hide_files, keep_freed_memory
 from worker.local_allreduce import LocalGroup
 
@@ -170,6 +170,10 @@ def _run_ranks(config: runfiles.LaunchConfig, local_group: LocalGroup | None) ->
         join=False,
         start_method=assignment.spec.performance.start_method,
     )
+    for process in ranks.processes:
+        # torch's join sends SIGTERM to the ranks left when one fails (and
+        # so do we, below): said first, so their shield lets it through.
+        process.terminate = _said_first(process.terminate, config.run_dir)
     try:
         # The store lives as long as this frame, that is until the ranks exit.
         store = host_store(config) if assignment.machine_id == 0 else None
@@ -219,6 +223,14 @@ def _run_ranks(config: runfiles.LaunchConfig, local_group: LocalGroup | None) ->
     return runfiles.Outcome(status="succeeded", exit_code=0)
 
 
+def _said_first(terminate: Callable[[], None], run_dir: Path) -> Callable[[], None]:
+    def said_then_sent() -> None:
+        runfiles.request_termination(run_dir)
+        terminate()
+
+    return said_then_sent
+
+
 def _the_cause(ranks: Any, first: int, text: str) -> tuple[int, str]:
     """The rank whose failure the part reports: the first to fail, unless it
     only lost a peer and another rank of this machine raised by itself (its
@@ -239,7 +251,9 @@ def run(run_dir: Path, parent_pid: int | None = None) -> int:
     """Launch the part in ``run_dir`` and record its outcome there; end with
     the parent (the daemon, or the fork server that forked this launcher)."""
     config = runfiles.read_launch(run_dir)
-    die_with_parent(parent_pid or config.parent_pid, sig=signal.SIGTERM)
+    supervisor = parent_pid or config.parent_pid
+    die_with_parent(supervisor, sig=signal.SIGTERM)
+    shield.install_for_part(run_dir, supervisor)
     # Started by the daemon, it has the allow-list already; run by hand, not.
     allowed = rank_env.for_ranks(os.environ, config.rank_env)
     os.environ.clear()

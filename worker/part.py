@@ -234,6 +234,7 @@ class PartProcess:
         if self.state in (PartState.LAUNCHED, PartState.RUNNING):
             self.stop_requested_at = time.monotonic()
             self._move(PartState.STOPPING)
+            runfiles.request_termination(self.run_dir)  # this SIGTERM is meant
             self.group.signal(signal.SIGTERM)
 
     def enforce_stop(self, grace_s: float) -> None:

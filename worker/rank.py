@@ -13,7 +13,7 @@ from time import perf_counter
 import torch
 import torch.distributed as dist
 
-from worker import checkpoints, local_allreduce, network, runfiles, trainers
+from worker import checkpoints, local_allreduce, network, runfiles, shield, trainers
 from worker._process import die_with_parent
 from worker.context import TrainContext
 from worker.stopping import StopAgreement
@@ -37,6 +37,7 @@ def run_rank(
     """The function the launcher starts in each process of this machine."""
     started_at = perf_counter()
     die_with_parent(launcher_pid)
+    shield.install_for_part(config.run_dir, launcher_pid)
     # Before any tensor work: the pool is sized once.
     torch.set_num_threads(threads_for(config))
     assignment = config.assignment

@@ -15,6 +15,7 @@ progress lines arrive in order.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -42,6 +43,9 @@ RENDEZVOUS = "rendezvous.json"
 STOP_REQUEST = "stop-request.json"
 # ... and by the ranks (local rank 0) once they all stopped at a step.
 STOPPED = "stopped"
+# Written by the daemon just before it sends SIGTERM to a part's processes:
+# the SIGTERM is then its own, not one sent to every process (worker/shield.py).
+TERMINATE = "terminate"
 # A script's checkpoint directory (DDPO_CHECKPOINT_DIR), per machine.
 CHECKPOINT_DIR = "checkpoint"
 RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
@@ -251,6 +255,17 @@ def request_stop(run_dir: Path, reason: str, detail: str | None) -> None:
 
 def stop_requested(run_dir: Path) -> bool:
     return (run_dir / STOP_REQUEST).exists()
+
+
+def request_termination(run_dir: Path) -> None:
+    """Said before the daemon's SIGTERM to the part: that one is meant.
+    Unsaid (the directory gone), the SIGKILL after the grace period ends it."""
+    with contextlib.suppress(OSError):
+        (run_dir / TERMINATE).touch()
+
+
+def termination_requested(run_dir: Path) -> bool:
+    return (run_dir / TERMINATE).exists()
 
 
 def write_stopped(run_dir: Path) -> None:

@@ -64,7 +64,7 @@ def run(config: runfiles.LaunchConfig) -> runfiles.Outcome:
     try:
         return _supervise(config, ranks)
     finally:
-        _stop(ranks)
+        _stop(config.run_dir, ranks)
         del store
 
 
@@ -132,7 +132,7 @@ def _start(
     with open(log_path, "ab") as output:
         # In the launcher's process group: the daemon's one signal reaches it.
         return subprocess.Popen(
-            [sys.executable, str(path), *ref.args],
+            [sys.executable, "-m", "worker.script_rank", str(path), *ref.args],
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=subprocess.STDOUT,
@@ -233,9 +233,11 @@ def _tail(path: Path) -> str:
         return ""
 
 
-def _stop(ranks: list[subprocess.Popen[bytes]]) -> None:
+def _stop(run_dir: Path, ranks: list[subprocess.Popen[bytes]]) -> None:
     """SIGTERM to the ranks still running, SIGKILL after the grace period."""
     alive = [process for process in ranks if process.poll() is None]
+    if alive:
+        runfiles.request_termination(run_dir)  # meant: their shield lets it through
     for process in alive:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)

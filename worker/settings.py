@@ -32,7 +32,17 @@ class WorkerSettings(BaseSettings):
         validation_alias=AliasChoices("DDPO_SERVER_URL", "server_url"),
         description="The ddpo server",
     )
-    name: str = Field(default_factory=_default_name, pattern=NAME_PATTERN)
+    # Under Slurm (srun sets SLURMD_NODENAME, SLURM_CPUS_ON_NODE and, with
+    # GPUs allocated, SLURM_GPUS_ON_NODE) a worker is named and sized by its
+    # allocation with no flags: deploy/slurm/ddpo-workers.sbatch relies on it.
+    # Ours come first, so a site can still say otherwise.
+    name: str = Field(
+        default_factory=_default_name,
+        pattern=NAME_PATTERN,
+        validation_alias=AliasChoices("DDPO_WORKER_NAME", "SLURMD_NODENAME", "name"),
+        description="The node's name, unique on the server; default: Slurm's node name "
+        "in a Slurm job, else the host name",
+    )
     address: str | None = Field(
         None,
         description="Address other nodes reach this one at (MASTER_ADDR); None: the "
@@ -47,8 +57,9 @@ class WorkerSettings(BaseSettings):
         None,
         ge=1,
         le=4096,
+        validation_alias=AliasChoices("DDPO_WORKER_CPUS", "SLURM_CPUS_ON_NODE", "cpus"),
         description="Cores this node's ranks share; None: the affinity mask and the "
-        "cgroup CPU quota",
+        "cgroup CPU quota (in a Slurm job: the CPUs it was allocated on this node)",
     )
     cpu_set: str | None = Field(
         None,
@@ -57,7 +68,13 @@ class WorkerSettings(BaseSettings):
         "e.g. its share of a host other workers share; None: those it was started with",
     )
     slots: int = Field(1, ge=1, le=64, description="Job parts run at once")
-    gpus: int | None = Field(None, ge=0, description="GPUs offered; None: count them")
+    gpus: int | None = Field(
+        None,
+        ge=0,
+        validation_alias=AliasChoices("DDPO_WORKER_GPUS", "SLURM_GPUS_ON_NODE", "gpus"),
+        description="GPUs offered; None: count them (in a Slurm job: those it was allocated "
+        "on this node)",
+    )
     data_dir: Path = Field(
         Path("./data"),
         validation_alias=AliasChoices("DDPO_DATA_DIR", "data_dir"),

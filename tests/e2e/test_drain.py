@@ -7,24 +7,31 @@ neither fails nor uses a restart."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from cli.cluster import LocalCluster
-from tests.e2e.conftest import Jobs, record
+from tests.e2e.conftest import Jobs, record, until
 
 JOB = {"epochs": 1, "batch_size": 64, "max_steps_per_epoch": 150, "seed": 7}
 
 
 @pytest.fixture(scope="module")
-def cluster(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def cluster(
+    mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory, script_dir: Path
+) -> Iterator[LocalCluster]:
     with LocalCluster(
-        state_dir=tmp_path_factory.mktemp("drain"), data_dir=mnist_dir, workers=3
+        state_dir=tmp_path_factory.mktemp("drain"),
+        data_dir=mnist_dir,
+        workers=3,
+        worker_args=["--script-dir", str(script_dir)],
     ) as running:
         yield running
 
@@ -35,8 +42,8 @@ def jobs(cluster: LocalCluster) -> Iterator[Jobs]:
         yield Jobs(client)
 
 
-def running_at_step(jobs: Jobs, step: int) -> dict[str, Any]:
-    job_id = jobs.submit(machines=2, **JOB)
+def running_at_step(jobs: Jobs, step: int, **spec: Any) -> dict[str, Any]:
+    job_id = jobs.submit(machines=2, **(spec or JOB))
     return jobs.wait(
         job_id,
         lambda j: j["status"] == "running" and ((j["progress"] or {}).get("batch") or 0) >= step,
@@ -93,6 +100,50 @@ def test_draining_machine_1s_node_moves_the_job_from_its_step_and_the_node_takes
     undrained = jobs.client.post(f"/nodes/{node_id}/undrain").json()
     assert undrained["drain"] is None
     record("drain", drain_to_restart_s=round(moved_s, 2), stopped_at_step=step)
+
+
+# A script job's ranks are the script's own processes (python -m worker.script_rank).
+SCRIPT_JOB = {
+    "script": {"path": "torchrun_mlp.py", "args": ["--epochs", "1", "--steps-per-epoch", "3000"]},
+    "seed": 7,
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["trainer", "script"])
+def test_sigterm_to_every_process_of_a_worker_at_once_still_hands_the_part_back(
+    jobs: Jobs, cluster: LocalCluster, kind: str
+) -> None:
+    """What Slurm does at scancel and before the walltime (every process of
+    the step) and systemd at ``systemctl stop`` (every process of the unit):
+    the ranks get the SIGTERM too, and must leave the stop to their worker
+    (worker/shield.py) rather than die of it and fail the job."""
+    job = running_at_step(jobs, 20, **(SCRIPT_JOB if kind == "script" else {}))
+    leaving = machine_1_node(job)
+    worker = next(w for w in cluster.worker_processes if w.name == leaving)
+    everyone = [psutil.Process(worker.process.pid)]
+    everyone += everyone[0].children(recursive=True)
+    assert len(everyone) >= 3, everyone  # the daemon, its fork server, a launcher, ranks
+    for process in everyone:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(signal.SIGTERM)
+    assert worker.process.wait(60) == 0
+    stopped = jobs.wait(job["id"], lambda j: len(j["attempts"]) == 2, 120, "the job to start again")
+    first = stopped["attempts"][0]
+    step = first["stopped_at_step"]
+    assert first["ended"] == f"node leaving (node {leaving}), stopped after step {step}", first
+    assert first["error"] is None and step is not None and step >= 20
+    # Back to three workers for the next test.
+    worker.stop()  # exited: this closes its log
+    cluster.worker_processes.remove(worker)
+    cluster.start_worker(leaving)
+    until(
+        lambda: nodes(jobs)[leaving]["state"] == "live" and nodes(jobs)[leaving]["drain"] is None,
+        60,
+        f"{leaving} back",
+    )
+    jobs.client.post(f"/jobs/{job['id']}/cancel")
+    until(lambda: not any(n["parts"] for n in nodes(jobs).values()), 60, "idle nodes")
 
 
 @pytest.mark.timeout(300)

@@ -210,7 +210,7 @@ def supervised(tmp_path: Path, said: dict[int, str]) -> runfiles.Outcome:
     try:
         return script_launch._supervise(two_rank_config(tmp_path), ranks)
     finally:
-        script_launch._stop(ranks)  # as run() does
+        script_launch._stop(tmp_path, ranks)  # as run() does
 
 
 LOST_A_PEER = "print('RuntimeError: [pair.cc:534] Connection closed by peer'); raise SystemExit(1)"
