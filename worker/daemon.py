@@ -252,12 +252,18 @@ class Worker:
         until they have ended and said so, or the leave grace (and then the
         stop grace) is over, or a second signal comes."""
         grace = self.settings.leave_grace_s
-        if self.node_id is None or not self.parts or grace <= 0 or self._exit_now:
+        if self.node_id is None or self._exit_now:
             return
-        try:
-            self.client.leave(self.node_id, grace)
-        except (ServerUnavailable, Refused) as exc:
-            log.warning("could not tell the server this node is leaving: %s", exc)
+        if not self.parts:
+            # Idle, it still says so: until the server would lose it (its
+            # heartbeat timeout) a job could be placed on a node that is
+            # gone, and fail when the node's next worker registers (a Slurm
+            # allocation ending, then the next one starting).
+            self._say_leaving(0)
+            return
+        if grace <= 0:
+            return
+        if not self._say_leaving(grace):
             return
         log.info("leaving: %d part(s) stop at a step within %g s", len(self.parts), grace)
         self._leaving = True
@@ -269,6 +275,15 @@ class Worker:
             and time.monotonic() < deadline
         ):
             self._iteration()
+
+    def _say_leaving(self, grace_s: float) -> bool:
+        assert self.node_id is not None
+        try:
+            self.client.leave(self.node_id, grace_s)
+        except (ServerUnavailable, Refused) as exc:
+            log.warning("could not tell the server this node is leaving: %s", exc)
+            return False
+        return True
 
     def _shutdown(self) -> None:
         """Stop every part this node still runs and say so, best effort."""
