@@ -34,7 +34,12 @@ from api.monitoring import LatencyMiddleware, make_registry
 from api.node_lane import NodeLane
 from api.notifier import Notifier
 from api.quiet_nodes import QuietNodes
-from api.read_cache import ReadCache, ReadCacheMiddleware
+from api.read_cache import (
+    TRIM_AFTER_BYTES,
+    ReadCache,
+    ReadCacheMiddleware,
+    give_back_freed_memory,
+)
 from api.refusals import refusal, text
 from api.route_table import Role
 from api.routes import (
@@ -321,7 +326,8 @@ async def _sweep_forever(core: Core, duration: Histogram, cache: ReadCache) -> N
         if not judge_nodes:
             log.warning("the server ran %.1f s late; not judging node liveness this time", late_s)
         try:
-            cache.drop_expired()
+            if cache.drop_expired() >= TRIM_AFTER_BYTES:
+                await run_in_threadpool(give_back_freed_memory)
             await run_in_threadpool(write_sightings, core)
             # With several servers on one database, one sweeps at a time.
             if not await run_in_threadpool(core.db.sweeps, settings.sweep_interval_s):
