@@ -8,5 +8,6 @@ COPY worker worker
 COPY db db
 COPY cli cli
 COPY ddpo ddpo
-RUN pip install --no-cache-dir .
+# With s3fs: DDPO_ARTIFACT_STORE=s3://... works in the image as it is.
+RUN pip install --no-cache-dir '.[s3]'
 WORKDIR /var/lib/ddpo

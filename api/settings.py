@@ -9,6 +9,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from api.route_table import Role
+from ddpo import store
 from ddpo.schemas.spec import MAX_STOP_GRACE_S
 
 
@@ -83,6 +84,13 @@ class ServerSettings(BaseSettings):
         "overrides it",
     )
     artifacts_dir: Path = Field(Path("./artifacts"), description="Uploaded checkpoints")
+    artifact_store: str | None = Field(
+        None,
+        description="Keep checkpoints in this store instead of artifacts_dir: file:///path "
+        "(a directory every server mounts) or s3://bucket/prefix (endpoint, region and "
+        "credentials from AWS_ENDPOINT_URL, AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID, ...; "
+        "needs ddpo's s3 extra). Any server then serves any job's model",
+    )
     max_checkpoint_mb: int = Field(2048, ge=1, description="Largest checkpoint accepted")
     artifacts_quota_mb: int = Field(
         20480,
@@ -238,6 +246,16 @@ class ServerSettings(BaseSettings):
     @property
     def tokens_configured(self) -> bool:
         return any(t is not None and t.get_secret_value() for t in self.role_tokens.values())
+
+    @field_validator("artifact_store")
+    @classmethod
+    def _a_store_we_can_use(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        try:
+            return store.check(value.strip())
+        except store.StoreError as exc:
+            raise ValueError(str(exc)) from exc
 
     @field_validator("cors_origins", "allowed_hosts", "trusted_proxies", mode="before")
     @classmethod

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import objectstore
+from tests.objectstore import S3Server
+
 REPO = Path(__file__).resolve().parents[1]
 MNIST_FILES = (
     "train-images-idx3-ubyte",
@@ -38,3 +41,10 @@ def mnist_dir() -> Path:
         "MNIST files not found; set DDPO_DATA_DIR to a directory whose MNIST/raw holds "
         f"{', '.join(MNIST_FILES)} (looked in {', '.join(map(str, candidates))})"
     )
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One S3-compatible server for the session (s3fs keeps its clients, and
+    their endpoint, for the life of the process)."""
+    yield from objectstore.start(tmp_path_factory.mktemp("s3") / "moto.log")

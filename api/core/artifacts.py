@@ -11,16 +11,17 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from sqlmodel import Session
 
 from api.core import lookup
 from api.core.context import Core
-from api.core.errors import Conflict, NotFound
+from api.core.errors import Conflict, NotFound, Unavailable
 from api.settings import ServerSettings
 from db import queries
 from db.models import Job
+from ddpo import store
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,11 @@ def keep_checkpoint(
 ) -> bool:
     """Keep an uploaded checkpoint (a staged file) as the job's newest: only
     from the current attempt of a job that has not ended (a finished job's
-    final model stays what it was), and never older than the one kept."""
+    final model stays what it was), and never older than the one kept.
+    With an artifact store, the file is copied there first, outside the
+    transaction (it may take minutes), under a name of its own."""
+    placed = _place_in_store(core, part_id, node_id, at, staged)
+    replaced: str | None = None
     with core.db.write() as session:
         part = lookup.owned_part(session, part_id, node_id)
         job = lookup.job(session, part.job_id, for_update=True)
@@ -157,29 +162,67 @@ def keep_checkpoint(
             )
         ):
             staged.unlink(missing_ok=True)
+            if placed is not None:
+                store.remove(placed)
             return False
         assert job.id is not None
-        folder = _folder(core.settings, job.id)
-        folder.mkdir(parents=True, exist_ok=True)
-        final = folder / at.file_name()
-        os.replace(staged, final)
-        if job.checkpoint_file and job.checkpoint_file != final.name:
-            (folder / job.checkpoint_file).unlink(missing_ok=True)
+        if placed is None:
+            folder = _folder(core.settings, job.id)
+            folder.mkdir(parents=True, exist_ok=True)
+            final = folder / at.file_name()
+            os.replace(staged, final)
+            name = final.name
+        else:
+            name = placed
+        if job.checkpoint_file and job.checkpoint_file != name:
+            replaced = job.checkpoint_file
         job.checkpoint_epoch, job.checkpoint_step = at.whole_epochs, at.step
-        job.checkpoint_file, job.checkpoint_bytes = final.name, size
+        job.checkpoint_file, job.checkpoint_bytes = name, size
         log.info(
-            "job %d: checkpoint of epoch %d%s kept (%d bytes)",
+            "job %d: checkpoint of epoch %d%s kept (%d bytes)%s",
             job.id,
             at.epoch,
             "" if at.step is None else f" step {at.step}",
             size,
+            f" at {placed}" if placed else "",
         )
+        job_id = job.id
+    if replaced is not None:  # once committed: nothing refers to it any more
+        remove_checkpoint(core.settings, job_id, replaced)
     core.uploads.kept(size)  # once committed
     return True
 
 
-def checkpoint_path(core: Core, job_id: int) -> tuple[Path, int]:
-    """The job's newest checkpoint file and its epoch."""
+def _place_in_store(
+    core: Core, part_id: int, node_id: int, at: Position, staged: Path
+) -> str | None:
+    """The staged file copied into the artifact store (None without one)."""
+    root = core.settings.artifact_store
+    if root is None:
+        return None
+    with core.db.read() as session:
+        job_id = lookup.owned_part(session, part_id, node_id).job_id
+    try:
+        return store.put(root, f"job-{job_id}/{at.file_name()}", staged)
+    except (OSError, store.StoreError) as exc:
+        # The node retries the upload; the store's trouble is said here.
+        log.error("job %d: checkpoint not written to %s: %s", job_id, root, exc)
+        raise Unavailable(f"the artifact store cannot be written to: {exc}") from exc
+
+
+def remove_checkpoint(settings: ServerSettings, job_id: int, name: str) -> None:
+    """Remove a checkpoint no longer kept: a store's object or a file here."""
+    if store.is_object(name):
+        try:
+            store.remove(name)
+        except (OSError, store.StoreError) as exc:
+            log.warning("job %d: old checkpoint %s not removed: %s", job_id, name, exc)
+    else:
+        (_folder(settings, job_id) / name).unlink(missing_ok=True)
+
+
+def _kept_checkpoint(core: Core, job_id: int) -> tuple[str, int]:
+    """The job's newest checkpoint (a store's URL, or a file name here) and its epoch."""
     with core.db.read() as session:
         job = lookup.job(session, job_id)
         if job.checkpoint_file is None or job.checkpoint_epoch is None:
@@ -194,18 +237,24 @@ def checkpoint_path(core: Core, job_id: int) -> tuple[Path, int]:
                 else f"job {job_id} has no checkpoint yet: rank 0 writes one at the end "
                 "of every epoch"
             )
-        return _folder(core.settings, job_id) / job.checkpoint_file, job.checkpoint_epoch
+        return job.checkpoint_file, job.checkpoint_epoch
 
 
-def open_checkpoint(core: Core, job_id: int) -> tuple[BinaryIO, int]:
+def open_checkpoint(core: Core, job_id: int) -> tuple[BinaryIO, int, int]:
     """The job's newest checkpoint, opened (so that removing it from now on,
-    as retention does, cannot cut its download short), and its epoch."""
+    as retention does, cannot cut its download short), its size and its epoch."""
     for _ in range(2):
-        # A newer checkpoint or retention may remove the file between the
-        # read and the open: read again, and say why if it is gone.
-        path, epoch = checkpoint_path(core, job_id)
+        # A newer checkpoint or retention may remove it between the read
+        # and the open: read again, and say why if it is gone.
+        name, epoch = _kept_checkpoint(core, job_id)
         try:
-            return path.open("rb"), epoch
+            if store.is_object(name):
+                opened, size = store.open_object(name)
+                return cast(BinaryIO, opened), size, epoch
+            file = (_folder(core.settings, job_id) / name).open("rb")
+            return file, os.fstat(file.fileno()).st_size, epoch
         except FileNotFoundError:
             continue
+        except (OSError, store.StoreError) as exc:
+            raise Unavailable(f"job {job_id}'s checkpoint cannot be read: {exc}") from exc
     raise NotFound(f"job {job_id}'s checkpoint of epoch {epoch} was just removed")

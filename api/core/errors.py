@@ -37,6 +37,13 @@ class TooMany(DomainError):
         self.retry_after_s = retry_after_s
 
 
+class Unavailable(DomainError):
+    """Something the server depends on (the artifact store) cannot be used
+    now: the request may succeed later."""
+
+    status = 503
+
+
 class InvalidFields(DomainError):
     """Fields of a request that are well-formed but that this cluster cannot
     take (parameters its trainer's schema refuses): answered like a schema's

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from pathlib import Path
 
+from api.core import artifacts
 from api.core.context import Core
 from db import queries
 
@@ -31,7 +31,8 @@ class Pruned:
     log_lines: int = 0
     progress_rows: int = 0
     idempotency_keys: int = 0
-    checkpoints: list[Path] = field(default_factory=list)
+    # (job id, checkpoint): a file name in the artifacts directory or a store's URL.
+    checkpoints: list[tuple[int, str]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
@@ -66,13 +67,11 @@ def prune(core: Core, now: datetime) -> Pruned:
                 job.finished_at is not None and job.finished_at < too_old
             ):
                 assert job.id is not None and job.checkpoint_file is not None
-                pruned.checkpoints.append(
-                    settings.artifacts_dir / f"job-{job.id}" / job.checkpoint_file
-                )
+                pruned.checkpoints.append((job.id, job.checkpoint_file))
                 # The epoch stays: the job's page can say which model it had.
                 job.checkpoint_file = job.checkpoint_bytes = None
-    for path in pruned.checkpoints:
-        path.unlink(missing_ok=True)
+    for job_id, name in pruned.checkpoints:
+        artifacts.remove_checkpoint(settings, job_id, name)
     if pruned:
         log.info(
             "pruned %d log line(s), %d progress row(s), %d idempotency key(s), %d final model(s)",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Annotated
 
@@ -238,8 +237,7 @@ def download_model(job_id: JobId, core: CoreDep, caller_node: CallerNodeDep) -> 
     if caller_node is not None and not nodes_core.node_holds_job(core, caller_node, job_id):
         # A worker fetches only what its own parts resume from.
         raise HTTPException(403, f"job_id: node {caller_node} runs no part of job {job_id}")
-    file, epoch = artifacts.open_checkpoint(core, job_id)
-    size = os.fstat(file.fileno()).st_size
+    file, size, epoch = artifacts.open_checkpoint(core, job_id)
 
     def blocks() -> Iterator[bytes]:
         with file:
