@@ -77,6 +77,18 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+def pid_exists(pid: int) -> bool:
+    """Whether a process of this pid exists (a zombie counts: signal 0 cannot
+    tell it from the living)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)

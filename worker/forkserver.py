@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from worker import shield
-from worker._process import die_with_parent, signal_group
+from worker._process import die_with_parent, pid_exists, signal_group
 
 # How long the daemon waits for "forked <pid>" once the server is ready.
 FORK_REPLY_TIMEOUT_S = 10.0
@@ -225,7 +225,7 @@ class ForkServer:
         self._read()
         if pid in self._exits:
             return self._exits.pop(pid)
-        if self._eof and not _exists(pid):
+        if self._eof and not pid_exists(pid):
             # The server died first: the kernel sent the launcher SIGTERM
             # (die_with_parent) and init reaped it; its code is lost with it.
             return -signal.SIGTERM
@@ -270,16 +270,6 @@ class ForkServer:
             self._forked.append(int(words[1]))
         elif len(words) == 3 and words[0] == "exited":
             self._exits[int(words[1])] = int(words[2])
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 if __name__ == "__main__":

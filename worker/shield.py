@@ -33,16 +33,7 @@ from pathlib import Path
 from types import FrameType
 
 from worker import runfiles
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+from worker._process import pid_exists
 
 
 def install(supervisor: int, meant: Callable[[], bool] = lambda: False) -> None:
@@ -57,7 +48,7 @@ def install(supervisor: int, meant: Callable[[], bool] = lambda: False) -> None:
         # script's DataLoader workers) has another parent and asks by pid.
         if os.getpid() == installed_in and os.getppid() != parent:
             return True
-        return not _alive(supervisor)
+        return not pid_exists(supervisor)
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
         nonlocal told
