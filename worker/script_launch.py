@@ -36,6 +36,14 @@ CAUSE_GRACE_S = 30.0
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 # An exception's last line: its (qualified) class name, then its message.
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::\s|$)")
+# What the C++ runtime prints when a library's teardown calls std::terminate
+# (a joinable thread destroyed at exit, an exception out of a destructor)
+# before it aborts: seen after a rank's own traceback when its peer still
+# waited in a collective (gloo, 5 of 60 runs on a busy host).
+_NATIVE_TEARDOWN = re.compile(
+    r"^(terminate called (after throwing an instance of .*|without an active exception"
+    r"|recursively)|\s+what\(\):.*|Exception raised from .*|frame #\d+:.*)$"
+)
 
 
 def run(config: runfiles.LaunchConfig) -> runfiles.Outcome:
@@ -210,8 +218,11 @@ def _judged(code: int, tail: str) -> tuple[FailureReason, str]:
 def _raised_last(tail: str) -> bool:
     """Whether what the rank printed ends with an uncaught exception's
     traceback (Python prints it on the way out): after its last
-    "Traceback" line come only frames (indented) and the exception's line."""
+    "Traceback" line come only frames (indented) and the exception's line,
+    save what a native crash in the interpreter's teardown printed after it."""
     lines = [_RANK_PREFIX.sub("", line) for line in tail.strip().splitlines()]
+    while lines and _NATIVE_TEARDOWN.match(lines[-1]):
+        lines.pop()
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call")]
     if not starts:
         return False

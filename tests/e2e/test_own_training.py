@@ -47,7 +47,10 @@ def test_a_script_that_raises_fails_the_job_with_rank_failed_and_its_traceback(
     error = job["error"]
     assert error["reason"] == "rank_failed", error
     assert error["rank"] == 1
-    assert error["exit_code"] == 1
+    # 1 (the exception), or -6 when gloo's teardown aborted the rank on its
+    # way out while its peer still waited in the barrier (a few runs in a
+    # hundred on a busy host): the exception is the cause either way.
+    assert error["exit_code"] in (1, -6), error
     assert "ValueError: shard 1 of 2 has no labels" in error["traceback_tail"]
     # The traceback, down to the line that raised.
     assert "Traceback (most recent call last)" in error["traceback_tail"]

@@ -263,6 +263,28 @@ def test_a_rank_that_raised_and_crashed_on_its_way_out_failed_by_itself(tmp_path
     assert "ValueError: shard 1 has no labels" in (outcome.traceback_tail or "")
 
 
+ABORTS_IN_TEARDOWN = (
+    "import os, signal, sys\n"
+    "sys.stderr.write('Traceback (most recent call last):\\n'\n"
+    "    '  File \"raises.py\", line 17, in check_shard\\n'\n"
+    "    'ValueError: shard 1 of 2 has no labels\\n'\n"
+    "    'terminate called without an active exception\\n'); sys.stderr.flush()\n"
+    "os.kill(os.getpid(), signal.SIGABRT)\n"
+)
+
+
+def test_a_rank_that_raised_and_aborted_in_a_librarys_teardown_failed_by_itself(
+    tmp_path: Path,
+) -> None:
+    """What CI saw (1 run in 30 on a busy host): the rank raised while its
+    peer waited in a barrier, and gloo's teardown then called
+    std::terminate, which printed its line and aborted. Still the script's
+    own exception: not retried."""
+    outcome = supervised(tmp_path, {0: LOST_A_PEER, 1: ABORTS_IN_TEARDOWN})
+    assert (outcome.reason, outcome.failing_rank, outcome.exit_code) == ("rank_failed", 1, -6)
+    assert outcome.message == "rank 1 (machine 0) raised, then was killed by SIGABRT exiting"
+
+
 def test_a_rank_killed_after_printing_a_handled_traceback_was_killed(tmp_path: Path) -> None:
     """A traceback the script caught and printed, then more output: the
     signal, not the exception, ended it (retried, as any kill is)."""
