@@ -91,6 +91,8 @@ PART_PROGRESS = Route("POST", "/parts/{part_id}/progress", NODE, large_body=True
 PART_LOGS = Route("POST", "/parts/{part_id}/logs", NODE, large_body=True)
 PART_FINISH = Route("POST", "/parts/{part_id}/finish", NODE)
 PART_CHECKPOINT = Route("PUT", "/parts/{part_id}/checkpoint", NODE, upload=True)
+# ... or, with an artifact store, the record of one machine 0 wrote there.
+PART_CHECKPOINT_STORED = Route("POST", "/parts/{part_id}/checkpoint/stored", NODE)
 
 ROUTES: tuple[Route, ...] = tuple(r for r in list(globals().values()) if isinstance(r, Route))
 

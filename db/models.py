@@ -171,10 +171,13 @@ class Job(SQLModel, table=True):
     progress_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     result: TrainResult | None = Field(default=None, sa_column=Column(ModelJSON(TrainResult)))
     error: JobError | None = Field(default=None, sa_column=Column(ModelJSON(JobError)))
-    # The newest checkpoint rank 0 uploaded: a file under the artifacts directory.
+    # The newest checkpoint rank 0 saved: a file name under the artifacts
+    # directory, or an artifact store's URL; its size and SHA-256 (hex; none
+    # for those kept before 0007), which whoever reads it checks.
     checkpoint_epoch: int | None = None
     checkpoint_file: str | None = None
     checkpoint_bytes: int | None = None
+    checkpoint_sha256: str | None = None
     # The step the kept checkpoint was taken at, when it is a stop's within
     # an epoch (checkpoint_epoch is then the last whole epoch before it).
     checkpoint_step: int | None = None

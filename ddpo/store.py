@@ -1,7 +1,7 @@
 """Objects in an artifact store named by URL (``DDPO_ARTIFACT_STORE``):
-``file:///shared/ddpo`` for a directory every server (and, later, every
-worker) mounts, ``s3://bucket/prefix`` for S3 and S3-compatible stores,
-with the endpoint, region and credentials from the usual AWS variables
+``file:///shared/ddpo`` for a directory every server and worker mounts,
+``s3://bucket/prefix`` for S3 and S3-compatible stores, with the endpoint,
+region and credentials from the usual AWS variables
 (``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID``, ...).
 
 Through fsspec (s3fs for ``s3://``): the library Lightning, PyTorch's
@@ -10,24 +10,52 @@ local paths, S3, GCS and Azure, with multipart uploads and ranged reads.
 It is imported on first use: a server with no store loads none of it.
 
 Objects are written once under a fresh name and never overwritten, so a
-reader never sees half of one; the database says which is a job's newest.
+reader never sees half of one; the database says which is a job's newest,
+with its size and SHA-256, which every reader checks.
 """
 
 from __future__ import annotations
 
 import contextlib
-import shutil
+import hashlib
+import os
+import re
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-# Large enough for S3's multipart parts (5 MiB at least), small enough that
-# a checkpoint of any size passes through a bounded buffer.
-CHUNK = 8 * 2**20
+# What is written and read at a time: S3's multipart parts (5 MiB at least,
+# 10,000 at most: objects up to 156 GiB) and each ranged GET of a read, so a
+# checkpoint of any size passes through a bounded buffer. Fewer, larger
+# requests cost less time (reading 512 MiB from the test's S3 server took
+# 20 s in 8 MiB ranges, 5 s in 32 MiB ones; writes the same), more memory
+# (a 1 GB checkpoint raised the writing worker's memory by 70 MB in 8 MiB
+# parts, 110 in 16 MiB, 128 in 32 MiB: s3fs and botocore hold copies of a
+# part, and their import is about 40 of it).
+CHUNK = 16 * 2**20
+
+
+# A job's object: `<store>/job-<id>/<12 hex>-epoch-<E>.pt` or `...-step-<S>.pt`,
+# the only names a node may report (nothing of another job's, no "..").
+_OBJECT_NAME = re.compile(r"[0-9a-f]{12}-(epoch|step)-[0-9]{1,19}\.pt")
 
 
 class StoreError(RuntimeError):
     """The store cannot be used as configured (its message says why)."""
+
+
+class DigestMismatch(StoreError):
+    """What was read is not what was written (its SHA-256 differs)."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    """An object written: where, how many bytes, their SHA-256 (hex)."""
+
+    url: str
+    size: int
+    sha256: str
 
 
 def _filesystem(url: str) -> tuple[Any, str]:
@@ -60,17 +88,72 @@ def _local(fs: Any) -> bool:
     return "file" in protocols or "local" in protocols
 
 
-def put(root: str, name: str, source: Path) -> str:
-    """Copy ``source`` into the store under ``name`` (made unique), chunk by
-    chunk; the object's URL."""
-    folder, _, base = name.rpartition("/")
-    url = f"{root}/{folder + '/' if folder else ''}{uuid.uuid4().hex[:12]}-{base}"
+def checkpoint_name(epoch: int, step: int | None) -> str:
+    """A checkpoint's base name: after ``epoch``, or a stop's after ``step``."""
+    return f"epoch-{epoch}.pt" if step is None else f"step-{step}.pt"
+
+
+def job_folder(root: str, job_id: int) -> str:
+    """Where a job's objects go (a URL ending in "/")."""
+    return f"{root}/job-{job_id}/"
+
+
+def is_jobs_object(url: str, root: str, job_id: int) -> bool:
+    """Whether ``url`` names an object ``put`` would write for ``job_id``
+    under ``root``: what a node may report as its checkpoint."""
+    folder = job_folder(root, job_id)
+    return url.startswith(folder) and _OBJECT_NAME.fullmatch(url[len(folder) :]) is not None
+
+
+def put(folder: str, base: str, source: Path) -> Stored:
+    """Copy ``source`` into the store as ``base`` under ``folder`` (a URL
+    ending in "/"), made unique, chunk by chunk, hashing as it goes."""
+    url = f"{folder}{uuid.uuid4().hex[:12]}-{base}"
     fs, path = _filesystem(url)
     if _local(fs):
         fs.makedirs(path.rpartition("/")[0], exist_ok=True)
+    digest = hashlib.sha256()
+    size = 0
     with open(source, "rb") as src, fs.open(path, "wb", block_size=CHUNK) as dst:
-        shutil.copyfileobj(src, dst, CHUNK)
-    return url
+        while chunk := src.read(CHUNK):
+            digest.update(chunk)
+            dst.write(chunk)
+            size += len(chunk)
+    return Stored(url, size, digest.hexdigest())
+
+
+def size_of(url: str) -> int:
+    """The object's size (FileNotFoundError if there is none)."""
+    fs, path = _filesystem(url)
+    return int(fs.size(path))
+
+
+def fetch(url: str, destination: Path, sha256: str | None) -> int:
+    """The object written whole to ``destination`` (through a ``.partial``
+    file, chunk by chunk), its SHA-256 checked when known; its size."""
+    partial = destination.with_name(destination.name + ".partial")
+    fs, path = _filesystem(url)
+    # No cache: each read below is one ranged GET of CHUNK bytes.
+    opened = fs.open(path, "rb", block_size=CHUNK, cache_type="none")
+    digest = hashlib.sha256()
+    size = 0
+    with opened as src, open(partial, "wb") as out:
+        while chunk := src.read(CHUNK):
+            digest.update(chunk)
+            out.write(chunk)
+            size += len(chunk)
+    check_digest(url, digest, sha256, partial)
+    os.replace(partial, destination)
+    return size
+
+
+def check_digest(what: str, digest: Any, expected: str | None, partial: Path) -> None:
+    """Raise DigestMismatch (removing ``partial``) when ``digest`` is not ``expected``."""
+    if expected is not None and digest.hexdigest() != expected:
+        partial.unlink(missing_ok=True)
+        raise DigestMismatch(
+            f"{what}: SHA-256 {digest.hexdigest()} read, {expected} written: the copy is damaged"
+        )
 
 
 def open_object(url: str) -> tuple[IO[bytes], int]:

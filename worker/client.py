@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel
 
+from ddpo import store
 from ddpo.schemas import protocol
 
 
@@ -189,9 +191,17 @@ class ServerClient:
             self._check(f"/parts/{part_id}/checkpoint", response)
         ).accepted
 
+    def checkpoint_stored(self, part_id: int, record: protocol.CheckpointStored) -> bool:
+        """Machine 0 wrote a checkpoint to the artifact store: its record."""
+        return protocol.Ack.model_validate(
+            self._post(f"/parts/{part_id}/checkpoint/stored", record)
+        ).accepted
+
     def download_checkpoint(self, job_id: int, destination: Path) -> None:
-        """The job's newest checkpoint, written whole to ``destination``."""
+        """The job's newest checkpoint, written whole to ``destination``, its
+        SHA-256 checked when the server has one (store.DigestMismatch)."""
         partial = destination.with_name(destination.name + ".partial")
+        digest = hashlib.sha256()
         try:
             with self._http.stream(
                 "GET",
@@ -202,11 +212,14 @@ class ServerClient:
                 if response.status_code != 200:
                     response.read()
                     self._check(f"/jobs/{job_id}/model", response)
+                expected = response.headers.get(protocol.CHECKPOINT_SHA256_HEADER)
                 with open(partial, "wb") as out:
                     for chunk in response.iter_bytes():
+                        digest.update(chunk)
                         out.write(chunk)
         except httpx.HTTPError as exc:
             raise self._unreachable("checkpoint download", exc) from exc
+        store.check_digest(f"job {job_id}'s checkpoint", digest, expected, partial)
         os.replace(partial, destination)
 
     def progress(self, part_id: int, node_id: int, reports: list[protocol.ProgressReport]) -> bool:

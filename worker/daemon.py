@@ -14,8 +14,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
+from ddpo import store
 from ddpo.failures import FailureReason
 from ddpo.schemas import (
     Assignment,
@@ -399,11 +401,11 @@ class Worker:
             resume_from = run_dir_for(self.settings.work_dir.resolve(), assignment) / RESUME_FILE
             try:
                 resume_from.parent.mkdir(parents=True, exist_ok=True)
-                self.client.download_checkpoint(assignment.job_id, resume_from)
+                self._fetch_checkpoint(assignment, resume_from)
             except ServerUnavailable as exc:
                 log.warning("checkpoint for part %d not fetched yet: %s", assignment.part_id, exc)
                 return  # the next poll hands the part out again
-            except (Refused, OSError) as exc:
+            except (Refused, OSError, store.StoreError) as exc:
                 self._launch_failed(
                     assignment.part_id,
                     f"fetch the checkpoint of epoch {assignment.resume_epoch}: {exc}",
@@ -464,6 +466,36 @@ class Worker:
         if not part.stop_requested:
             log.info("stopping part %d (job %d)", part_id, part.assignment.job_id)
         part.request_stop()
+
+    def _fetch_checkpoint(self, assignment: Assignment, destination: Path) -> None:
+        """A retry's checkpoint: from the artifact store when it holds it and
+        this node can read it, else through the server; its digest checked
+        either way (store.DigestMismatch: the copy kept is damaged)."""
+        kept = assignment.resume_object
+        if kept is not None:
+            began = time.monotonic()
+            try:
+                size = store.fetch(kept.url, destination, kept.sha256)
+                log.info(
+                    "part %d: checkpoint of epoch %s read from the artifact store "
+                    "(%d bytes) in %.1f s",
+                    assignment.part_id,
+                    assignment.resume_epoch,
+                    size,
+                    time.monotonic() - began,
+                )
+                return
+            except store.DigestMismatch:
+                raise
+            except Exception as exc:  # any library's failure (botocore, aiohttp): fall back
+                log.warning(
+                    "part %d: checkpoint not read from the artifact store (%s: %s); "
+                    "fetching it through the server",
+                    assignment.part_id,
+                    type(exc).__name__,
+                    exc,
+                )
+        self.client.download_checkpoint(assignment.job_id, destination)
 
     def _tend_parts(self) -> None:
         """Enforce stop deadlines, publish machine 0's port, deliver each

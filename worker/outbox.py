@@ -13,7 +13,8 @@ import logging
 import time
 from pathlib import Path
 
-from ddpo.schemas import Assignment, LogLine, PartFinished, ProgressReport
+from ddpo import store
+from ddpo.schemas import Assignment, CheckpointStored, LogLine, PartFinished, ProgressReport
 from worker import runfiles
 from worker.courier import Courier
 
@@ -33,6 +34,10 @@ class Outbox:
         self.last_progress: ProgressReport | None = None
         # Where the newest checkpoint the server has was taken (Saved.order).
         self.uploaded: tuple[int, int] | None = None
+        # Written to the artifact store, its record not yet heard by the server.
+        self._unrecorded: tuple[tuple[int, int], CheckpointStored] | None = None
+        # The store failed from this node once: the rest go through the server.
+        self._store_failed = False
 
     @property
     def training_done(self) -> bool:
@@ -97,30 +102,84 @@ class Outbox:
 
     def _upload_checkpoint(self, courier: Courier, node_id: int) -> bool:
         """Send rank 0's newest checkpoint (an epoch's or a stop's) if the
-        server lacks it. False: try later."""
+        server lacks it: written to the artifact store and recorded, or
+        uploaded to the server. False: try later."""
         newest = runfiles.newest_saved(self.run_dir)
         if newest is None or (self.uploaded is not None and newest.order() <= self.uploaded):
             return True
         part_id = self.assignment.part_id
         began = time.monotonic()
+        sent = None
         try:
             size = newest.path.stat().st_size
-            if not courier.deliver(
-                f"checkpoint of part {part_id}",
-                lambda: courier.client.upload_checkpoint(
-                    part_id, node_id, newest.epoch, newest.path, newest.step
-                ),
-            ):
+            if self.assignment.checkpoint_store is not None and not self._store_failed:
+                sent = self._record_in_store(
+                    courier, node_id, newest, self.assignment.checkpoint_store
+                )
+            where = "written to the artifact store"
+            if sent is None:
+                where = "uploaded"
+                sent = courier.deliver(
+                    f"checkpoint of part {part_id}",
+                    lambda: courier.client.upload_checkpoint(
+                        part_id, node_id, newest.epoch, newest.path, newest.step
+                    ),
+                )
+            if not sent:
                 return False
         except FileNotFoundError:
             return False  # replaced by a newer epoch's meanwhile: take that one next turn
         log.info(
-            "part %d: checkpoint of epoch %d%s uploaded (%d bytes) in %.1f s",
+            "part %d: checkpoint of epoch %d%s %s (%d bytes) in %.1f s",
             part_id,
             newest.epoch,
             "" if newest.step is None else f" step {newest.step}",
+            where,
             size,
             time.monotonic() - began,
         )
         self.uploaded = newest.order()
+        return True
+
+    def _record_in_store(
+        self, courier: Courier, node_id: int, newest: runfiles.Saved, folder: str
+    ) -> bool | None:
+        """Write ``newest`` to the store (once) and have the server record it.
+        None: the store cannot be written from this node."""
+        part_id = self.assignment.part_id
+        if self._unrecorded is None or self._unrecorded[0] != newest.order():
+            try:
+                stored = store.put(
+                    folder, store.checkpoint_name(newest.epoch, newest.step), newest.path
+                )
+            except Exception as exc:  # any library's failure (botocore, aiohttp): fall back
+                if not newest.path.exists():
+                    raise FileNotFoundError(newest.path) from exc
+                # No credentials here, no route to the store, s3fs missing:
+                # the server writes to the store for this node instead.
+                log.warning(
+                    "part %d: the artifact store cannot be written from this node (%s: %s); "
+                    "its checkpoints go through the server",
+                    part_id,
+                    type(exc).__name__,
+                    exc,
+                )
+                self._store_failed = True
+                return None
+            record = CheckpointStored(
+                node_id=node_id,
+                epoch=newest.epoch,
+                step=newest.step,
+                url=stored.url,
+                size=stored.size,
+                sha256=stored.sha256,
+            )
+            self._unrecorded = (newest.order(), record)
+        record = self._unrecorded[1]
+        if not courier.deliver(
+            f"checkpoint record of part {part_id}",
+            lambda: courier.client.checkpoint_stored(part_id, record),
+        ):
+            return False
+        self._unrecorded = None
         return True

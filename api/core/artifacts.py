@@ -1,5 +1,7 @@
-"""Checkpoint files: an upload is staged, then kept as the job's newest (the
-one before it removed), and served from the artifacts directory."""
+"""Checkpoints: an upload is staged, then kept as the job's newest (the one
+before it removed) in the artifacts directory or the artifact store; or
+machine 0 writes it to the store itself and the server keeps the record.
+Served from wherever it is, with its SHA-256 for the reader to check."""
 
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ from sqlmodel import Session
 
 from api.core import lookup
 from api.core.context import Core
-from api.core.errors import Conflict, NotFound, Unavailable
+from api.core.errors import Conflict, NotFound, TooLarge, Unavailable
 from api.settings import ServerSettings
 from db import queries
 from db.models import Job
 from ddpo import store
+from ddpo.schemas import CheckpointStored
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +89,7 @@ class Position:
         return (self.whole_epochs, -1 if self.step is None else self.step)
 
     def file_name(self) -> str:
-        return f"epoch-{self.epoch}.pt" if self.step is None else f"step-{self.step}.pt"
+        return store.checkpoint_name(self.epoch, self.step)
 
 
 def kept_position(job: Job) -> Position | None:
@@ -138,19 +141,117 @@ def room_for_uploads(core: Core) -> Callable[[], int]:
 
 
 def keep_checkpoint(
-    core: Core, part_id: int, node_id: int, at: Position, staged: Path, size: int
+    core: Core, part_id: int, node_id: int, at: Position, staged: Path, size: int, sha256: str
 ) -> bool:
-    """Keep an uploaded checkpoint (a staged file) as the job's newest: only
-    from the current attempt of a job that has not ended (a finished job's
-    final model stays what it was), and never older than the one kept.
-    With an artifact store, the file is copied there first, outside the
-    transaction (it may take minutes), under a name of its own."""
+    """Keep an uploaded checkpoint (a staged file) as the job's newest (see
+    ``_keep``). With an artifact store, the file is copied there first,
+    outside the transaction (it may take minutes), under a name of its own."""
     placed = _place_in_store(core, part_id, node_id, at, staged)
+    if placed is None:
+        return _keep(core, part_id, node_id, at, _Moved(staged, at.file_name()), size, sha256)
+    staged.unlink(missing_ok=True)
+    return _keep(core, part_id, node_id, at, _InStore(placed.url), size, sha256)
+
+
+def record_stored(core: Core, part_id: int, body: CheckpointStored) -> bool:
+    """Keep a checkpoint machine 0 wrote to the artifact store itself, once
+    the store shows an object of the job's, of the size reported. What a
+    node reports is checked, never trusted: the object must be in the job's
+    folder under a name ``store.put`` gives, and hold the bytes it says."""
+    at = Position(body.epoch, body.step)
+    check_upload(core, part_id, body.node_id, at)
+    root = core.settings.artifact_store
+    if root is None:
+        raise Conflict(
+            "url: this server has no artifact store (DDPO_ARTIFACT_STORE): upload the "
+            f"checkpoint to PUT /parts/{part_id}/checkpoint"
+        )
+    with core.db.read() as session:
+        job_id = lookup.owned_part(session, part_id, body.node_id).job_id
+    if not store.is_jobs_object(body.url, root, job_id):
+        raise Conflict(
+            f"url: {body.url!r} is not a checkpoint of job {job_id} "
+            f"(expected {store.job_folder(root, job_id)}<id>-epoch-<E>.pt or -step-<S>.pt)"
+        )
+    _check_room(core, body.size)
+    try:
+        found = store.size_of(body.url)
+    except FileNotFoundError:
+        raise Conflict(f"url: the artifact store has no object at {body.url}") from None
+    except (OSError, store.StoreError) as exc:
+        raise Unavailable(f"the artifact store cannot be read: {exc}") from exc
+    if found != body.size:
+        # Not whole (or not what was said): not kept, and not left behind.
+        _discard_object(job_id, body.url)
+        raise Conflict(f"size: the object at {body.url} holds {found} bytes, not {body.size}")
+    return _keep(core, part_id, body.node_id, at, _InStore(body.url), body.size, body.sha256)
+
+
+def _check_room(core: Core, size: int) -> None:
+    """A checkpoint recorded (not uploaded) still counts against the size
+    cap and the quota, as its bytes would have."""
+    settings = core.settings
+    if size > settings.max_checkpoint_mb * 2**20:
+        raise TooLarge(
+            f"size: checkpoint larger than DDPO_MAX_CHECKPOINT_MB={settings.max_checkpoint_mb}"
+        )
+    if size > room_for_uploads(core)():
+        raise TooLarge(
+            "size: the checkpoints kept and arriving would pass "
+            f"DDPO_ARTIFACTS_QUOTA_MB={settings.artifacts_quota_mb}"
+        )
+
+
+@dataclass(frozen=True)
+class _Moved:
+    """A staged upload, moved into the job's folder here when kept."""
+
+    staged: Path
+    file_name: str
+
+    def keep(self, settings: ServerSettings, job_id: int) -> str:
+        folder = _folder(settings, job_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        os.replace(self.staged, folder / self.file_name)
+        return self.file_name
+
+    def discard(self, job_id: int) -> None:
+        self.staged.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class _InStore:
+    """An object in the artifact store, recorded by its URL when kept."""
+
+    url: str
+
+    def keep(self, settings: ServerSettings, job_id: int) -> str:
+        return self.url
+
+    def discard(self, job_id: int) -> None:
+        _discard_object(job_id, self.url)
+
+
+def _keep(
+    core: Core,
+    part_id: int,
+    node_id: int,
+    at: Position,
+    checkpoint: _Moved | _InStore,
+    size: int,
+    sha256: str,
+) -> bool:
+    """Record ``checkpoint`` as the job's newest: only from the current
+    attempt of a job that has not ended (a finished job's final model stays
+    what it was), and never older than the one kept. One not kept is
+    discarded; the one it replaces is removed once the record is committed."""
     replaced: str | None = None
     with core.db.write() as session:
         part = lookup.owned_part(session, part_id, node_id)
         job = lookup.job(session, part.job_id, for_update=True)
         kept = kept_position(job)
+        assert job.id is not None
+        job_id = job.id
         if (
             job.current_attempt_id != part.attempt_id
             or job.status.is_terminal()
@@ -161,32 +262,23 @@ def keep_checkpoint(
                 and not _resumed_from(session, part.attempt_id, job)
             )
         ):
-            staged.unlink(missing_ok=True)
-            if placed is not None:
-                store.remove(placed)
+            if not (isinstance(checkpoint, _InStore) and checkpoint.url == job.checkpoint_file):
+                checkpoint.discard(job_id)  # (a resent record of the kept one stays)
             return False
-        assert job.id is not None
-        if placed is None:
-            folder = _folder(core.settings, job.id)
-            folder.mkdir(parents=True, exist_ok=True)
-            final = folder / at.file_name()
-            os.replace(staged, final)
-            name = final.name
-        else:
-            name = placed
+        name = checkpoint.keep(core.settings, job_id)
         if job.checkpoint_file and job.checkpoint_file != name:
             replaced = job.checkpoint_file
         job.checkpoint_epoch, job.checkpoint_step = at.whole_epochs, at.step
         job.checkpoint_file, job.checkpoint_bytes = name, size
+        job.checkpoint_sha256 = sha256
         log.info(
             "job %d: checkpoint of epoch %d%s kept (%d bytes)%s",
-            job.id,
+            job_id,
             at.epoch,
             "" if at.step is None else f" step {at.step}",
             size,
-            f" at {placed}" if placed else "",
+            f" at {name}" if store.is_object(name) else "",
         )
-        job_id = job.id
     if replaced is not None:  # once committed: nothing refers to it any more
         remove_checkpoint(core.settings, job_id, replaced)
     core.uploads.kept(size)  # once committed
@@ -195,7 +287,7 @@ def keep_checkpoint(
 
 def _place_in_store(
     core: Core, part_id: int, node_id: int, at: Position, staged: Path
-) -> str | None:
+) -> store.Stored | None:
     """The staged file copied into the artifact store (None without one)."""
     root = core.settings.artifact_store
     if root is None:
@@ -203,26 +295,31 @@ def _place_in_store(
     with core.db.read() as session:
         job_id = lookup.owned_part(session, part_id, node_id).job_id
     try:
-        return store.put(root, f"job-{job_id}/{at.file_name()}", staged)
+        return store.put(store.job_folder(root, job_id), at.file_name(), staged)
     except (OSError, store.StoreError) as exc:
         # The node retries the upload; the store's trouble is said here.
         log.error("job %d: checkpoint not written to %s: %s", job_id, root, exc)
         raise Unavailable(f"the artifact store cannot be written to: {exc}") from exc
 
 
+def _discard_object(job_id: int, url: str) -> None:
+    try:
+        store.remove(url)
+    except (OSError, store.StoreError) as exc:
+        log.warning("job %d: checkpoint %s not removed: %s", job_id, url, exc)
+
+
 def remove_checkpoint(settings: ServerSettings, job_id: int, name: str) -> None:
     """Remove a checkpoint no longer kept: a store's object or a file here."""
     if store.is_object(name):
-        try:
-            store.remove(name)
-        except (OSError, store.StoreError) as exc:
-            log.warning("job %d: old checkpoint %s not removed: %s", job_id, name, exc)
+        _discard_object(job_id, name)
     else:
         (_folder(settings, job_id) / name).unlink(missing_ok=True)
 
 
-def _kept_checkpoint(core: Core, job_id: int) -> tuple[str, int]:
-    """The job's newest checkpoint (a store's URL, or a file name here) and its epoch."""
+def _kept_checkpoint(core: Core, job_id: int) -> tuple[str, int, str | None]:
+    """The job's newest checkpoint (a store's URL, or a file name here), its
+    epoch and its SHA-256."""
     with core.db.read() as session:
         job = lookup.job(session, job_id)
         if job.checkpoint_file is None or job.checkpoint_epoch is None:
@@ -237,22 +334,32 @@ def _kept_checkpoint(core: Core, job_id: int) -> tuple[str, int]:
                 else f"job {job_id} has no checkpoint yet: rank 0 writes one at the end "
                 "of every epoch"
             )
-        return job.checkpoint_file, job.checkpoint_epoch
+        return job.checkpoint_file, job.checkpoint_epoch, job.checkpoint_sha256
 
 
-def open_checkpoint(core: Core, job_id: int) -> tuple[BinaryIO, int, int]:
+@dataclass(frozen=True)
+class Opened:
+    """A kept checkpoint, opened, with its size, epoch and SHA-256 (if known)."""
+
+    file: BinaryIO
+    size: int
+    epoch: int
+    sha256: str | None
+
+
+def open_checkpoint(core: Core, job_id: int) -> Opened:
     """The job's newest checkpoint, opened (so that removing it from now on,
-    as retention does, cannot cut its download short), its size and its epoch."""
+    as retention does, cannot cut its download short)."""
     for _ in range(2):
         # A newer checkpoint or retention may remove it between the read
         # and the open: read again, and say why if it is gone.
-        name, epoch = _kept_checkpoint(core, job_id)
+        name, epoch, sha256 = _kept_checkpoint(core, job_id)
         try:
             if store.is_object(name):
                 opened, size = store.open_object(name)
-                return cast(BinaryIO, opened), size, epoch
+                return Opened(cast(BinaryIO, opened), size, epoch, sha256)
             file = (_folder(core.settings, job_id) / name).open("rb")
-            return file, os.fstat(file.fileno()).st_size, epoch
+            return Opened(file, os.fstat(file.fileno()).st_size, epoch, sha256)
         except FileNotFoundError:
             continue
         except (OSError, store.StoreError) as exc:

@@ -27,6 +27,12 @@ class Conflict(DomainError):
     status = 409
 
 
+class TooLarge(DomainError):
+    """More bytes than a cap or a quota allows."""
+
+    status = 413
+
+
 class TooMany(DomainError):
     """Too many at once: try again after ``retry_after_s``."""
 

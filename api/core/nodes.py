@@ -18,6 +18,7 @@ from api.core.settlement import lose_parts
 from api.credentials import new_node_credential
 from db import queries
 from db.models import Attempt, Node, Part, utcnow
+from ddpo import store
 from ddpo.failures import FailureReason
 from ddpo.lifecycle import NodeState, PartStatus, StopReason
 from ddpo.schemas import (
@@ -26,6 +27,7 @@ from ddpo.schemas import (
     NodeRegistration,
     PollResponse,
     Rendezvous,
+    StoredObject,
 )
 from ddpo.schemas.people import AuditAction
 
@@ -279,7 +281,9 @@ def poll_node(
     core.sightings.saw(node_id)
     with core.db.read() as session:
         if _known_node(session, node_id).state is NodeState.LIVE:
-            return _poll_answer(session, node_id, active_part_ids, waiting_for_port, asked_to_stop)
+            return _poll_answer(
+                session, core, node_id, active_part_ids, waiting_for_port, asked_to_stop
+            )
     with core.db.write() as session:
         node = _known_node(session, node_id)
         if node.state is not NodeState.LIVE:
@@ -290,11 +294,14 @@ def poll_node(
         # Otherwise nothing to place: every event that can make a queued
         # job placeable (a submit, a part ending, a node registering or
         # lost, a backoff ending) schedules in its own transaction.
-        return _poll_answer(session, node_id, active_part_ids, waiting_for_port, asked_to_stop)
+        return _poll_answer(
+            session, core, node_id, active_part_ids, waiting_for_port, asked_to_stop
+        )
 
 
 def _poll_answer(
     session: Session,
+    core: Core,
     node_id: int,
     active_part_ids: list[int],
     waiting_for_port: list[int],
@@ -304,7 +311,7 @@ def _poll_answer(
     reported = set(active_part_ids)
     attempts = queries.get_attempts(session=session, attempt_ids=[p.attempt_id for p in mine])
     start = [
-        _assignment(session, p, attempts[p.attempt_id])
+        _assignment(session, core.settings.artifact_store, p, attempts[p.attempt_id])
         for p in mine
         if p.status is PartStatus.ASSIGNED and p.id not in reported
     ]
@@ -371,9 +378,20 @@ def _to_stop(session: Session, node_id: int, mine: list[Part], reported: set[int
     return sorted(x for x in stop if x is not None)
 
 
-def _assignment(session: Session, part: Part, attempt: Attempt) -> Assignment:
+def _assignment(
+    session: Session, artifact_store: str | None, part: Part, attempt: Attempt
+) -> Assignment:
     job = queries.get_job(session=session, job_id=part.job_id)
     assert job is not None and part.id is not None
+    resume_object = None
+    if (
+        attempt.resumed_from_epoch is not None
+        and job.checkpoint_file is not None
+        and store.is_object(job.checkpoint_file)
+    ):
+        resume_object = StoredObject(
+            url=job.checkpoint_file, size=job.checkpoint_bytes or 0, sha256=job.checkpoint_sha256
+        )
     spec = job.spec
     if attempt.num_machines is not None and attempt.num_machines != spec.topology.num_machines:
         # An elastic job's attempt: its ranks see the world they run in.
@@ -389,4 +407,10 @@ def _assignment(session: Session, part: Part, attempt: Attempt) -> Assignment:
         resume_epoch=attempt.resumed_from_epoch,
         resume_step=attempt.resumed_from_step,
         restart_count=attempt.number - 1,
+        checkpoint_store=(
+            None
+            if artifact_store is None or part.machine_id != 0
+            else store.job_folder(artifact_store, part.job_id)
+        ),
+        resume_object=resume_object,
     )

@@ -29,6 +29,7 @@ from api.routes import endpoint
 from db.models import Attempt, Job, LogRow, Node, Part, ProgressRow
 from ddpo.lifecycle import JobStatus
 from ddpo.schemas import (
+    CHECKPOINT_SHA256_HEADER,
     DB_INT_MAX,
     JobPublic,
     JobSpec,
@@ -237,18 +238,18 @@ def download_model(job_id: JobId, core: CoreDep, caller_node: CallerNodeDep) -> 
     if caller_node is not None and not nodes_core.node_holds_job(core, caller_node, job_id):
         # A worker fetches only what its own parts resume from.
         raise HTTPException(403, f"job_id: node {caller_node} runs no part of job {job_id}")
-    file, size, epoch = artifacts.open_checkpoint(core, job_id)
+    opened = artifacts.open_checkpoint(core, job_id)
 
     def blocks() -> Iterator[bytes]:
-        with file:
+        with opened.file as file:
             while block := file.read(1 << 20):
                 yield block
 
-    return StreamingResponse(
-        blocks(),
-        media_type="application/octet-stream",
-        headers={
-            "content-length": str(size),
-            "content-disposition": f'attachment; filename="job-{job_id}-epoch-{epoch}.pt"',
-        },
-    )
+    headers = {
+        "content-length": str(opened.size),
+        "content-disposition": f'attachment; filename="job-{job_id}-epoch-{opened.epoch}.pt"',
+    }
+    if opened.sha256 is not None:
+        # For the reader to check what it received (the worker's retry does).
+        headers[CHECKPOINT_SHA256_HEADER] = opened.sha256
+    return StreamingResponse(blocks(), media_type="application/octet-stream", headers=headers)

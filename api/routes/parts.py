@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from api.routes import endpoint
 from ddpo.schemas import (
     DB_INT_MAX,
     Ack,
+    CheckpointStored,
     LogBatch,
     PartFinished,
     PartStarted,
@@ -119,9 +121,9 @@ async def upload_checkpoint(
         raise HTTPException(409, f"part {part_id} is uploading a checkpoint already")
     staged = artifacts.staging_path(settings)
     try:
-        size = await _receive(request, core, part_id, node_id, staged)
+        size, sha256 = await _receive(request, core, part_id, node_id, staged)
         accepted = await run_in_threadpool(
-            artifacts.keep_checkpoint, core, part_id, node_id, at, staged, size
+            artifacts.keep_checkpoint, core, part_id, node_id, at, staged, size, sha256
         )
     finally:
         core.uploads.end(part_id)
@@ -138,12 +140,16 @@ def _cut_off_is_a_400() -> Iterator[None]:
         raise HTTPException(400, "body: the upload was cut off before its end") from None
 
 
-async def _receive(request: Request, core: Core, part_id: int, node_id: int, staged: Path) -> int:
-    """The upload's bytes into ``staged``, within the size cap and the quota."""
+async def _receive(
+    request: Request, core: Core, part_id: int, node_id: int, staged: Path
+) -> tuple[int, str]:
+    """The upload's bytes into ``staged``, within the size cap and the
+    quota; their number and SHA-256."""
     settings = core.settings
     limit = settings.max_checkpoint_mb * 2**20
     room = await run_in_threadpool(artifacts.room_for_uploads, core)
     size = 0
+    digest = hashlib.sha256()
     with open(staged, "wb") as f, _cut_off_is_a_400():
         async for chunk in request.stream():
             # Bytes arriving are a live node, over however slow a link.
@@ -161,9 +167,23 @@ async def _receive(request: Request, core: Core, part_id: int, node_id: int, sta
                     "body: the checkpoints kept and arriving would pass "
                     f"DDPO_ARTIFACTS_QUOTA_MB={settings.artifacts_quota_mb}",
                 )
+            digest.update(chunk)
             f.write(chunk)
         f.flush()
         os.fsync(f.fileno())
     if size == 0:
         raise HTTPException(400, "body: the checkpoint is empty")
-    return size
+    return size, digest.hexdigest()
+
+
+@endpoint(router, route_table.PART_CHECKPOINT_STORED, response_model=Ack, responses=documented(503))
+def checkpoint_stored(
+    part_id: PartId, body: CheckpointStored, core: CoreDep, caller_node: CallerNodeDep
+) -> Ack:
+    """Machine 0 wrote rank 0's checkpoint to the artifact store itself (the
+    assignment's ``checkpoint_store``): the server checks the object is the
+    job's and of the size reported, then keeps the record; no bytes pass
+    through it. ``accepted: false``: a stale attempt's, or older than the
+    kept one (the object is removed)."""
+    acting_for(caller_node, body.node_id)
+    return Ack(accepted=artifacts.record_stored(core, part_id, body))

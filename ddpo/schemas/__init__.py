@@ -8,9 +8,11 @@ nodes and the server say to each other).
 """
 
 from ddpo.schemas.protocol import (
+    CHECKPOINT_SHA256_HEADER,
     MAX_LOG_LINE_CHARS,
     Ack,
     Assignment,
+    CheckpointStored,
     HeartbeatRequest,
     HeartbeatResponse,
     LogBatch,
@@ -26,6 +28,7 @@ from ddpo.schemas.protocol import (
     Rendezvous,
     RendezvousBound,
     StopRequest,
+    StoredObject,
 )
 from ddpo.schemas.public import (
     AttemptPublic,
@@ -67,6 +70,7 @@ from ddpo.schemas.spec import (
 from ddpo.schemas.strict import DB_INT_MAX, MAX_WORLD_SIZE, NAME_PATTERN
 
 __all__ = [
+    "CHECKPOINT_SHA256_HEADER",
     "DB_INT_MAX",
     "MAX_LOG_LINE_CHARS",
     "MAX_WORLD_SIZE",
@@ -76,6 +80,7 @@ __all__ = [
     "Assignment",
     "AttemptPublic",
     "CheckpointPublic",
+    "CheckpointStored",
     "HeartbeatRequest",
     "HeartbeatResponse",
     "JobError",
@@ -112,6 +117,7 @@ __all__ = [
     "RendezvousBound",
     "ScriptRef",
     "StopRequest",
+    "StoredObject",
     "StudiesPublic",
     "StudyCreate",
     "StudyPublic",

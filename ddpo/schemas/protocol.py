@@ -29,6 +29,10 @@ from ddpo.schemas.strict import (
     Timestamp,
 )
 
+# GET /jobs/{id}/model's header with the checkpoint's SHA-256 (hex), when kept
+# with one: whoever downloads it checks what arrived.
+CHECKPOINT_SHA256_HEADER = "x-ddpo-checkpoint-sha256"
+
 # A metric's name, as a report and the API spell it.
 METRIC_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$"
 MAX_METRICS = 32
@@ -190,6 +194,14 @@ class HeartbeatResponse(BaseModel):
     )
 
 
+class StoredObject(BaseModel):
+    """A checkpoint in the artifact store: where, its size, its SHA-256."""
+
+    url: str
+    size: int
+    sha256: str | None = Field(None, description="Hex; none for those kept before 0.7")
+
+
 class Assignment(BaseModel):
     """One machine id of one attempt, for a node to run."""
 
@@ -213,6 +225,17 @@ class Assignment(BaseModel):
         None,
         description="... from that checkpoint's step, within the next epoch (the job was "
         "stopped there on request)",
+    )
+    checkpoint_store: str | None = Field(
+        None,
+        description="Machine 0 writes its checkpoints under this URL (the job's folder in "
+        "the artifact store) and records them at POST /parts/{part_id}/checkpoint/stored; "
+        "with none, or if it cannot, it uploads them to PUT /parts/{part_id}/checkpoint",
+    )
+    resume_object: StoredObject | None = Field(
+        None,
+        description="A retry's checkpoint when the artifact store holds it: read from there "
+        "directly (or, if the node cannot, from GET /jobs/{job_id}/model), its digest checked",
     )
     restart_count: int = Field(0, description="Attempts before this one (torchrun's restarts)")
 
@@ -257,6 +280,21 @@ class RendezvousBound(Strict):
 
     node_id: Id
     master_port: int = Field(ge=1, le=65535)
+
+
+class CheckpointStored(Strict):
+    """Machine 0 wrote rank 0's checkpoint to the artifact store itself:
+    the server checks that the object is the job's and of this size, and
+    keeps the record (no bytes pass through it)."""
+
+    node_id: Id
+    epoch: int = Field(ge=1, le=DB_INT_MAX)
+    step: int | None = Field(
+        None, ge=0, le=DB_INT_MAX, description="A stop's checkpoint: taken after this step"
+    )
+    url: str = Field(min_length=1, max_length=2048)
+    size: int = Field(ge=1, le=2**62)
+    sha256: str = Field(pattern=SHA256_PATTERN)
 
 
 class ProgressBatch(Strict):

@@ -361,5 +361,6 @@ def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
         409: "Not possible in its current state",
         413: "Too large",
         429: "Too many at once: try again after Retry-After seconds",
+        503: "A service the server depends on (the artifact store) is unavailable: try again",
     }
     return {status: {"model": Problem, "description": meanings[status]} for status in statuses}

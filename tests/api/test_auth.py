@@ -109,6 +109,13 @@ def request_for(method: str, template: str, node_id: int) -> dict[str, Any]:
         "/parts/{part_id}/progress": {"node_id": node_id, "reports": []},
         "/parts/{part_id}/logs": {"node_id": node_id, "lines": []},
         "/parts/{part_id}/finish": {"node_id": node_id, "status": "cancelled"},
+        "/parts/{part_id}/checkpoint/stored": {
+            "node_id": node_id,
+            "epoch": 1,
+            "url": "s3://bucket/job-1/0123456789ab-epoch-1.pt",
+            "size": 10,
+            "sha256": "0" * 64,
+        },
     }
     return {"json": bodies.get(template, {})}
 

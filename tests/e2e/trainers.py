@@ -99,3 +99,20 @@ def _held_until_released(ctx: TrainContext) -> TrainResult | None:
 
 
 HOLD = Trainer(train=_held_until_released)
+
+
+def _one_big_checkpoint(ctx: TrainContext) -> TrainResult | None:
+    """One step of a model whose checkpoint is DDPO_TEST_CHECKPOINT_MB
+    megabytes (float32 weights), saved as the end of epoch 1: what a large
+    model's checkpoint costs the worker and the server to pass on."""
+    megabytes = int(os.environ.get("DDPO_TEST_CHECKPOINT_MB", "1024"))
+    model = torch.nn.Module()
+    # Random, not zeros: no layer on the way can shrink it.
+    model.weight = torch.nn.Parameter(torch.rand(megabytes * 2**18))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ctx.report(epoch=1, batch=1, batches_per_epoch=1, loss=0.0, samples_per_sec=None)
+    ctx.checkpoint(model=model, optimizer=optimizer, epoch=1, step=1)
+    return TrainResult(train_loss=0.0)
+
+
+BIG_CHECKPOINT = Trainer(train=_one_big_checkpoint)
