@@ -8,6 +8,6 @@ COPY worker worker
 COPY db db
 COPY cli cli
 COPY ddpo ddpo
-# With s3fs: DDPO_ARTIFACT_STORE=s3://... works in the image as it is.
-RUN pip install --no-cache-dir '.[s3]'
+# With s3fs and tensorboard: DDPO_ARTIFACT_STORE=s3://... and DDPO_TENSORBOARD_DIR work as they are.
+RUN pip install --no-cache-dir '.[s3,tensorboard]'
 WORKDIR /var/lib/ddpo

@@ -98,6 +98,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
             await run_in_threadpool(app.state.body_decoders.close)
+            await run_in_threadpool(core.tracking.close)
             db.dispose()
 
     app = _Orchestrator(

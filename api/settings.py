@@ -91,6 +91,11 @@ class ServerSettings(BaseSettings):
         "credentials from AWS_ENDPOINT_URL, AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID, ...; "
         "needs ddpo's s3 extra). Any server then serves any job's model",
     )
+    tensorboard_dir: Path | None = Field(
+        None,
+        description="Write rank 0's reports as TensorBoard event files here, a folder per "
+        "job (tensorboard --logdir DIR shows every job); needs ddpo's tensorboard extra",
+    )
     max_checkpoint_mb: int = Field(2048, ge=1, description="Largest checkpoint accepted")
     artifacts_quota_mb: int = Field(
         20480,

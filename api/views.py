@@ -16,7 +16,7 @@ from db import queries
 from db.engine import Database
 from db.models import LAUNCHER_RANK, ApiKey, Attempt, Job, LogRow, Node, Part, Study, utcnow
 from ddpo.lifecycle import JobStatus, NodeState, PendingCode, describe_stop, study_status
-from ddpo.schemas import JobSpec, people, public
+from ddpo.schemas import JobSpec, people, public, report_step
 
 
 def percent_done(*, epoch: int, batch: int, batches_per_epoch: int, epochs: int) -> float:
@@ -327,7 +327,7 @@ def read_metrics(*, db: Database, job_id: int, max_points: int) -> public.Metric
         public.MetricPoint(
             epoch=r.epoch,
             batch=r.batch,
-            step=r.step if r.step is not None else (r.epoch - 1) * r.batches_per_epoch + r.batch,
+            step=report_step(r.step, r.epoch, r.batch, r.batches_per_epoch),
             loss=r.loss,
             samples_per_sec=r.samples_per_sec,
             metrics=r.metrics or {},

@@ -10,6 +10,7 @@ from datetime import datetime
 
 from api.credentials import ApiKeys, NodeCredentials
 from api.settings import ServerSettings
+from api.tracking import Tracking
 from db.engine import Database
 from ddpo.schemas.protocol import MAX_LOG_LINES_PER_BATCH
 
@@ -169,8 +170,10 @@ class Core:
     log_rate: LogRate = field(init=False)
     plan_memo: PlanMemo = field(default_factory=PlanMemo)
     uploads: Uploads = field(default_factory=Uploads)
+    tracking: Tracking = field(init=False)
 
     def __post_init__(self) -> None:
+        self.tracking = Tracking.configured(self.settings.tensorboard_dir)
         self.joins = JoinRate(self.settings.registrations_per_minute)
         self.log_rate = LogRate(
             self.settings.log_lines_per_second_per_node, MAX_LOG_LINES_PER_BATCH

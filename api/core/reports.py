@@ -123,7 +123,8 @@ def record_progress(core: Core, part_id: int, batch: ProgressBatch) -> bool:
                 job.progress_at = latest.at
             if job.sweep_id is not None:
                 sweeps.on_progress(session, job, list(fresh.values()), utcnow(), core.settings)
-        return True
+    core.tracking.reported(part.job_id, fresh.values())  # once committed
+    return True
 
 
 def record_logs(core: Core, part_id: int, batch: LogBatch) -> bool:

@@ -29,6 +29,7 @@ from ddpo.schemas.protocol import (
     RendezvousBound,
     StopRequest,
     StoredObject,
+    report_step,
 )
 from ddpo.schemas.public import (
     AttemptPublic,
@@ -118,6 +119,7 @@ __all__ = [
     "ScriptRef",
     "StopRequest",
     "StoredObject",
+    "report_step",
     "StudiesPublic",
     "StudyCreate",
     "StudyPublic",

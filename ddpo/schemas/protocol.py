@@ -39,6 +39,12 @@ MAX_METRICS = 32
 MetricName = Annotated[str, Field(pattern=METRIC_NAME_PATTERN)]
 
 
+def report_step(step: int | None, epoch: int, batch: int, batches_per_epoch: int) -> int:
+    """A report's step on a chart: the trainer's own count, else the batches
+    done since the job's start."""
+    return step if step is not None else (epoch - 1) * batches_per_epoch + batch
+
+
 class ProgressReport(Strict):
     """One report from rank 0. ``seq`` makes a resent report harmless."""
 

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import uvicorn
 
+from api.core.context import Core
 from api.main import create_app
 from api.serving import uvicorn_options
 from api.settings import ServerSettings
@@ -37,6 +38,11 @@ class ThreadedServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.settings.port}"
+
+    def app_core(self) -> Core:
+        """The running server's core (its settings, its tracking, ...)."""
+        core: Core = self.server.config.app.state.core
+        return core
 
     def __enter__(self) -> ThreadedServer:
         self.thread.start()
