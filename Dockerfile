@@ -8,6 +8,6 @@ COPY worker worker
 COPY db db
 COPY cli cli
 COPY ddpo ddpo
-# With s3fs and tensorboard: DDPO_ARTIFACT_STORE=s3://... and DDPO_TENSORBOARD_DIR work as they are.
-RUN pip install --no-cache-dir '.[s3,tensorboard]'
+# With s3fs, tensorboard and MLflow's client: the store and the tracking settings work as they are.
+RUN pip install --no-cache-dir '.[s3,tensorboard,mlflow]'
 WORKDIR /var/lib/ddpo

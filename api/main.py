@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, get_args
@@ -20,7 +21,7 @@ from starlette.types import ASGIApp
 
 from api import route_table
 from api.auth import AuthMiddleware, Caller, TokenBook
-from api.core import artifacts
+from api.core import artifacts, runs
 from api.core.clock import tick, write_sightings
 from api.core.context import Core
 from api.core.errors import DomainError
@@ -58,10 +59,11 @@ from api.routes import (
 )
 from api.routes.off_loop import BodyDecoders
 from api.settings import ServerSettings
+from api.tracking import Ended, MLflow, Sink, TensorBoard, Tracking
 from db import queries
 from db.changes import EVERYONE, Change, Wake
 from db.engine import Database
-from db.models import ApiKey, Attempt, Node, Part, utcnow
+from db.models import ApiKey, Attempt, Job, Node, Part, utcnow
 from ddpo.lifecycle import IllegalTransition, PartStatus
 from ddpo.schemas.public import Problem
 
@@ -73,9 +75,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     db = Database(settings.database_url, wakes=_wakes_polls)
     notifier = Notifier()
     core = Core(db, settings)
+    core.tracking = _tracking(core)
     instruments = make_registry(db)
     read_cache = ReadCache(db)
     db.after_commit(lambda rows: notifier.wake(_wakes_polls(rows)))
+    db.after_commit(lambda rows: _settle_runs(core.tracking, rows))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -262,6 +266,35 @@ def _body_caps(settings: ServerSettings) -> Callable[[str, str], tuple[int, str]
 
 # How late the sweep may wake before the server counts itself as stalled.
 STALL_S = 0.5
+
+
+def _tracking(core: Core) -> Tracking:
+    """Where this server writes reports on (api/tracking.py): none unless configured."""
+    settings = core.settings
+    sinks: list[Sink] = []
+    if settings.tensorboard_dir is not None:
+        sinks.append(TensorBoard(settings.tensorboard_dir))
+    if settings.mlflow_tracking_uri is not None:
+        sinks.append(
+            MLflow(
+                settings.mlflow_tracking_uri,
+                settings.mlflow_experiment,
+                run_of=functools.partial(runs.run_of, core),
+                existing_run=functools.partial(runs.existing_run, core),
+                final_model=functools.partial(runs.final_model, core),
+            )
+        )
+    return Tracking(sinks)
+
+
+def _settle_runs(tracking: Tracking, rows: Sequence[object]) -> None:
+    """A job that ended in a commit of this server: its runs settled (its
+    result, its final model, its status), off this thread."""
+    for row in rows:
+        if isinstance(row, Job) and row.id is not None and row.status.is_terminal():
+            tracking.ended(
+                row.id, Ended(status=row.status, result=row.result, final_step=row.progress_step)
+            )
 
 
 def _wakes_polls(rows: Sequence[object]) -> Wake:

@@ -93,6 +93,8 @@ PART_FINISH = Route("POST", "/parts/{part_id}/finish", NODE)
 PART_CHECKPOINT = Route("PUT", "/parts/{part_id}/checkpoint", NODE, upload=True)
 # ... or, with an artifact store, the record of one machine 0 wrote there.
 PART_CHECKPOINT_STORED = Route("POST", "/parts/{part_id}/checkpoint/stored", NODE)
+# The job's MLflow run, made if need be, for the part's ranks.
+PART_TRACKING_RUN = Route("POST", "/parts/{part_id}/tracking-run", NODE)
 
 ROUTES: tuple[Route, ...] = tuple(r for r in list(globals().values()) if isinstance(r, Route))
 

@@ -96,6 +96,15 @@ class ServerSettings(BaseSettings):
         description="Write rank 0's reports as TensorBoard event files here, a folder per "
         "job (tensorboard --logdir DIR shows every job); needs ddpo's tensorboard extra",
     )
+    mlflow_tracking_uri: str | None = Field(
+        None,
+        description="An MLflow tracking server: a run per job (the spec as params, rank 0's "
+        "reports and the result as metrics, the final model as an artifact), its id in the "
+        "ranks' MLFLOW_RUN_ID; needs ddpo's mlflow extra on the servers",
+    )
+    mlflow_experiment: str = Field(
+        "ddpo", min_length=1, description="The MLflow experiment the runs go in"
+    )
     max_checkpoint_mb: int = Field(2048, ge=1, description="Largest checkpoint accepted")
     artifacts_quota_mb: int = Field(
         20480,

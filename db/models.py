@@ -178,6 +178,8 @@ class Job(SQLModel, table=True):
     checkpoint_file: str | None = None
     checkpoint_bytes: int | None = None
     checkpoint_sha256: str | None = None
+    # The job's MLflow run (DDPO_MLFLOW_TRACKING_URI), once made (api/core/runs.py).
+    mlflow_run_id: str | None = None
     # The step the kept checkpoint was taken at, when it is a stop's within
     # an epoch (checkpoint_epoch is then the last whole epoch before it).
     checkpoint_step: int | None = None

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import objectstore
+from tests import mlflowserver, objectstore
+from tests.mlflowserver import MLflowServer
 from tests.objectstore import S3Server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,3 +49,9 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """One S3-compatible server for the session (s3fs keeps its clients, and
     their endpoint, for the life of the process)."""
     yield from objectstore.start(tmp_path_factory.mktemp("s3") / "moto.log")
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MLflowServer]:
+    """One MLflow tracking server for the session (it takes seconds to start)."""
+    yield from mlflowserver.start(tmp_path_factory.mktemp("mlflow"))

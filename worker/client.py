@@ -191,6 +191,12 @@ class ServerClient:
             self._check(f"/parts/{part_id}/checkpoint", response)
         ).accepted
 
+    def tracking_run(self, part_id: int, node_id: int) -> protocol.TrackingRun:
+        """The job's MLflow run, made by the server if need be."""
+        return protocol.TrackingRun.model_validate(
+            self._post(f"/parts/{part_id}/tracking-run", protocol.PartStarted(node_id=node_id))
+        )
+
     def checkpoint_stored(self, part_id: int, record: protocol.CheckpointStored) -> bool:
         """Machine 0 wrote a checkpoint to the artifact store: its record."""
         return protocol.Ack.model_validate(

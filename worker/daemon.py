@@ -395,6 +395,10 @@ class Worker:
             assignment.master_addr,
             assignment.master_port or "(port to come)",
         )
+        with_run = self._with_tracking_run(assignment)
+        if with_run is None:
+            return  # the next poll hands the part out again
+        assignment = with_run
         resume_from = None
         if assignment.resume_epoch is not None:
             # A retry: every machine continues from the job's last checkpoint.
@@ -466,6 +470,23 @@ class Worker:
         if not part.stop_requested:
             log.info("stopping part %d (job %d)", part_id, part.assignment.job_id)
         part.request_stop()
+
+    def _with_tracking_run(self, assignment: Assignment) -> Assignment | None:
+        """The assignment with its job's MLflow run, for the ranks'
+        environment, asked of the server if it has none yet; None: the
+        server cannot be reached now."""
+        if assignment.tracking is None or assignment.tracking.run_id is not None:
+            return assignment
+        assert self.node_id is not None
+        try:
+            run = self.client.tracking_run(assignment.part_id, self.node_id)
+        except ServerUnavailable as exc:
+            log.warning("MLflow run for part %d not known yet: %s", assignment.part_id, exc)
+            return None
+        except Refused as exc:
+            log.warning("part %d runs without its MLflow run: %s", assignment.part_id, exc)
+            return assignment
+        return assignment.model_copy(update={"tracking": run})
 
     def _fetch_checkpoint(self, assignment: Assignment, destination: Path) -> None:
         """A retry's checkpoint: from the artifact store when it holds it and

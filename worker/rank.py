@@ -13,7 +13,7 @@ from time import perf_counter
 import torch
 import torch.distributed as dist
 
-from worker import checkpoints, local_allreduce, network, runfiles, shield, trainers
+from worker import checkpoints, local_allreduce, network, rank_env, runfiles, shield, trainers
 from worker._process import die_with_parent
 from worker.context import TrainContext
 from worker.stopping import StopAgreement
@@ -41,6 +41,7 @@ def run_rank(
     # Before any tensor work: the pool is sized once.
     torch.set_num_threads(threads_for(config))
     assignment = config.assignment
+    os.environ.update(rank_env.tracking(assignment))  # a plugin's own MLflow calls
     spec = assignment.spec
     rank = assignment.rank_of(local_rank)
     runfiles.capture_output(config.run_dir, rank)

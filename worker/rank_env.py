@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from ddpo.schemas import Assignment
+
 NAMES = frozenset(
     {
         "PATH",
@@ -89,3 +91,13 @@ def for_ranks(environ: Mapping[str, str], extra: Iterable[str] = ()) -> dict[str
     """The part of ``environ`` a rank may see."""
     extra = tuple(extra)
     return {name: value for name, value in environ.items() if allowed(name, extra)}
+
+
+def tracking(assignment: Assignment) -> dict[str, str]:
+    """MLflow's variables for the job's run (``assignment.tracking``): a
+    script's own ``mlflow.log_metric`` (and Lightning's or Hugging Face's
+    MLflow loggers) land in the run the server writes the reports to."""
+    run = assignment.tracking
+    if run is None or run.tracking_uri is None or run.run_id is None:
+        return {}
+    return {"MLFLOW_TRACKING_URI": run.tracking_uri, "MLFLOW_RUN_ID": run.run_id}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import ddpo
 from ddpo.failures import FailureReason
-from worker import launcher, network, rank, runfiles, scripts
+from worker import launcher, network, rank, rank_env, runfiles, scripts
 from worker.unpack import unpack_checkpoint
 
 # How often the launcher looks at its ranks; and how long a rank stopped
@@ -101,6 +101,7 @@ def torchrun_env(
         # Machine 0's launcher hosts the store; every rank is its client.
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         "OMP_NUM_THREADS": str(rank.threads_for(config)),
+        **rank_env.tracking(assignment),
     }
 
 

@@ -170,10 +170,11 @@ class Core:
     log_rate: LogRate = field(init=False)
     plan_memo: PlanMemo = field(default_factory=PlanMemo)
     uploads: Uploads = field(default_factory=Uploads)
-    tracking: Tracking = field(init=False)
+    # Where reports are written on (TensorBoard, MLflow): api/main.py sets
+    # this server's; none by default.
+    tracking: Tracking = field(default_factory=lambda: Tracking([]))
 
     def __post_init__(self) -> None:
-        self.tracking = Tracking.configured(self.settings.tensorboard_dir)
         self.joins = JoinRate(self.settings.registrations_per_minute)
         self.log_rate = LogRate(
             self.settings.log_lines_per_second_per_node, MAX_LOG_LINES_PER_BATCH

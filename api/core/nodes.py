@@ -16,6 +16,7 @@ from api.core.people import Actor, record
 from api.core.placement import schedule
 from api.core.settlement import lose_parts
 from api.credentials import new_node_credential
+from api.settings import ServerSettings
 from db import queries
 from db.models import Attempt, Node, Part, utcnow
 from ddpo import store
@@ -28,6 +29,7 @@ from ddpo.schemas import (
     PollResponse,
     Rendezvous,
     StoredObject,
+    TrackingRun,
 )
 from ddpo.schemas.people import AuditAction
 
@@ -311,7 +313,7 @@ def _poll_answer(
     reported = set(active_part_ids)
     attempts = queries.get_attempts(session=session, attempt_ids=[p.attempt_id for p in mine])
     start = [
-        _assignment(session, core.settings.artifact_store, p, attempts[p.attempt_id])
+        _assignment(session, core.settings, p, attempts[p.attempt_id])
         for p in mine
         if p.status is PartStatus.ASSIGNED and p.id not in reported
     ]
@@ -379,8 +381,9 @@ def _to_stop(session: Session, node_id: int, mine: list[Part], reported: set[int
 
 
 def _assignment(
-    session: Session, artifact_store: str | None, part: Part, attempt: Attempt
+    session: Session, settings: ServerSettings, part: Part, attempt: Attempt
 ) -> Assignment:
+    artifact_store = settings.artifact_store
     job = queries.get_job(session=session, job_id=part.job_id)
     assert job is not None and part.id is not None
     resume_object = None
@@ -413,4 +416,9 @@ def _assignment(
             else store.job_folder(artifact_store, part.job_id)
         ),
         resume_object=resume_object,
+        tracking=(
+            None
+            if settings.mlflow_tracking_uri is None
+            else TrackingRun(tracking_uri=settings.mlflow_tracking_uri, run_id=job.mlflow_run_id)
+        ),
     )

@@ -15,7 +15,7 @@ from starlette.requests import ClientDisconnect
 
 from api import route_table
 from api.auth import acting_for
-from api.core import artifacts, reports
+from api.core import artifacts, reports, runs
 from api.core.context import Core
 from api.deps import CallerNodeDep, CoreDep, PartId, SettingsDep
 from api.routes import endpoint
@@ -28,6 +28,7 @@ from ddpo.schemas import (
     PartStarted,
     ProgressBatch,
     RendezvousBound,
+    TrackingRun,
     documented,
 )
 
@@ -187,3 +188,15 @@ def checkpoint_stored(
     kept one (the object is removed)."""
     acting_for(caller_node, body.node_id)
     return Ack(accepted=artifacts.record_stored(core, part_id, body))
+
+
+@endpoint(router, route_table.PART_TRACKING_RUN, response_model=TrackingRun)
+def tracking_run(
+    part_id: PartId, body: PartStarted, core: CoreDep, caller_node: CallerNodeDep
+) -> TrackingRun:
+    """The job's MLflow run (made now if it has none), for the node to give
+    its part's ranks as MLFLOW_TRACKING_URI and MLFLOW_RUN_ID. ``run_id``
+    null: no tracking server, or it cannot be reached now (the job runs
+    untracked rather than wait)."""
+    acting_for(caller_node, body.node_id)
+    return runs.for_part(core, part_id, body.node_id)

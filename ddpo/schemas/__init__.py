@@ -29,6 +29,7 @@ from ddpo.schemas.protocol import (
     RendezvousBound,
     StopRequest,
     StoredObject,
+    TrackingRun,
     report_step,
 )
 from ddpo.schemas.public import (
@@ -119,7 +120,6 @@ __all__ = [
     "ScriptRef",
     "StopRequest",
     "StoredObject",
-    "report_step",
     "StudiesPublic",
     "StudyCreate",
     "StudyPublic",
@@ -127,6 +127,8 @@ __all__ = [
     "StudyRowPublic",
     "TimingPublic",
     "Topology",
+    "TrackingRun",
     "TrainResult",
     "documented",
+    "report_step",
 ]

@@ -208,6 +208,15 @@ class StoredObject(BaseModel):
     sha256: str | None = Field(None, description="Hex; none for those kept before 0.7")
 
 
+class TrackingRun(BaseModel):
+    """Where a job's ranks log to MLflow: MLFLOW_TRACKING_URI, MLFLOW_RUN_ID."""
+
+    tracking_uri: str | None
+    run_id: str | None = Field(
+        None, description="None until made: the node asks POST /parts/{part_id}/tracking-run"
+    )
+
+
 class Assignment(BaseModel):
     """One machine id of one attempt, for a node to run."""
 
@@ -242,6 +251,11 @@ class Assignment(BaseModel):
         None,
         description="A retry's checkpoint when the artifact store holds it: read from there "
         "directly (or, if the node cannot, from GET /jobs/{job_id}/model), its digest checked",
+    )
+    tracking: TrackingRun | None = Field(
+        None,
+        description="The job's MLflow run, given to its ranks; with no run_id yet, the node "
+        "asks for it (POST /parts/{part_id}/tracking-run) before it starts them",
     )
     restart_count: int = Field(0, description="Attempts before this one (torchrun's restarts)")
 

@@ -105,6 +105,7 @@ def request_for(method: str, template: str, node_id: int) -> dict[str, Any]:
         "/nodes/{node_id}/poll": {"wait_s": 0},
         "/nodes/{node_id}/leave": {"grace_s": 20},
         "/parts/{part_id}/started": {"node_id": node_id},
+        "/parts/{part_id}/tracking-run": {"node_id": node_id},
         "/parts/{part_id}/rendezvous": {"node_id": node_id, "master_port": 29500},
         "/parts/{part_id}/progress": {"node_id": node_id, "reports": []},
         "/parts/{part_id}/logs": {"node_id": node_id, "lines": []},

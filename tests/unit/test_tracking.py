@@ -33,6 +33,9 @@ class Broken:
     def write(self, job_id: int, points: list[Point]) -> None:
         raise OSError("No space left on device")
 
+    def ended(self, job_id: int, ended: tracking.Ended) -> None:
+        raise OSError("No space left on device")
+
     def close(self) -> None:
         pass
 
