@@ -32,7 +32,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from cli.cluster import LocalCluster
@@ -41,23 +41,8 @@ from ddpo.schemas import CheckpointStored, NodeRegistration
 from tests import objectstore
 from worker.client import ServerClient
 
-
-@contextlib.contextmanager
-def s3_server(log_dir: Path) -> Iterator[objectstore.S3Server]:
-    server_gen = objectstore.start(log_dir / "moto.log")
-    server = next(server_gen)
-    saved = {k: os.environ.get(k) for k in server.env}
-    os.environ.update(server.env)
-    try:
-        yield server
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        with contextlib.suppress(StopIteration):
-            next(server_gen)
+# The tests' S3-compatible server, its endpoint and credentials in AWS_*.
+s3_server = contextlib.contextmanager(objectstore.start)
 
 
 class Node:
@@ -163,7 +148,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ddpo-bench-store-") as tmp:
         root = Path(tmp)
-        with s3_server(root) as s3:
+        with s3_server(root / "moto.log") as s3:
             bucket = s3.new_bucket()
             cases = {
                 "server disk": (None, False),

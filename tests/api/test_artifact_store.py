@@ -7,7 +7,9 @@ cannot be written to is a 503 the node retries, never a 500."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +38,10 @@ def store_settings(tmp_path: Path, store: str, **overrides: object) -> ServerSet
     )
 
 
-@pytest.fixture
-def bucket(s3: S3Server) -> str:
-    return s3.new_bucket()
-
-
-def test_in_s3_only_the_newest_checkpoint_is_kept_and_any_server_serves_it(
-    tmp_path: Path, s3: S3Server, bucket: str
-) -> None:
-    settings = store_settings(tmp_path, f"s3://{bucket}/team-a")
-    # A second server on the same database, with a disk of its own.
+@contextlib.contextmanager
+def two_servers(tmp_path: Path, root: str) -> Iterator[tuple[httpx.Client, httpx.Client]]:
+    """Two servers on one database and one store, each with a disk of its own."""
+    settings = store_settings(tmp_path, root)
     other = settings.model_copy(
         update={"port": free_port(), "artifacts_dir": tmp_path / "artifacts-2"}
     )
@@ -55,6 +51,18 @@ def test_in_s3_only_the_newest_checkpoint_is_kept_and_any_server_serves_it(
         httpx.Client(base_url=first.url, timeout=10) as client,
         httpx.Client(base_url=second.url, timeout=10) as elsewhere,
     ):
+        yield client, elsewhere
+
+
+@pytest.fixture
+def bucket(s3: S3Server) -> str:
+    return s3.new_bucket()
+
+
+def test_in_s3_only_the_newest_checkpoint_is_kept_and_any_server_serves_it(
+    tmp_path: Path, s3: S3Server, bucket: str
+) -> None:
+    with two_servers(tmp_path, f"s3://{bucket}/team-a") as (client, elsewhere):
         node = ProtocolNode(client, "a")
         job_id = submit(client, epochs=3)
         part_id = started(node)["part_id"]
@@ -232,3 +240,27 @@ def test_without_a_store_a_record_is_refused_and_uploads_carry_their_digest(
         assert upload_checkpoint(node, assignment["part_id"], 1, b"weights")
         served = c.get(f"/jobs/{job_id}/model")
         assert served.headers[CHECKPOINT_SHA256_HEADER] == hashlib.sha256(b"weights").hexdigest()
+
+
+@pytest.mark.parametrize("kind", ["s3", "shared-directory"])
+def test_two_servers_with_no_disk_in_common_serve_what_a_node_wrote(
+    tmp_path: Path, request: pytest.FixtureRequest, kind: str
+) -> None:
+    """The store is all they share (and the database): either serves the
+    checkpoint machine 0 wrote, with its digest."""
+    if kind == "s3":
+        root = f"s3://{request.getfixturevalue('bucket')}/team-a"
+    else:
+        root = f"file://{tmp_path / 'shared'}"
+    with two_servers(tmp_path, root) as (client, elsewhere):
+        node = ProtocolNode(client, "a")
+        job_id = submit(client, epochs=3)
+        assignment = started(node)
+        stored = written(tmp_path, assignment["checkpoint_store"], b"weights " * 5000)
+        assert record(node, assignment["part_id"], stored).json()["accepted"]
+        for server in (client, elsewhere):
+            served = server.get(f"/jobs/{job_id}/model")
+            assert served.content == b"weights " * 5000
+            assert served.headers[CHECKPOINT_SHA256_HEADER] == stored.sha256
+    for disk in ("artifacts-1", "artifacts-2"):
+        assert not list((tmp_path / disk).glob("job-*")), disk
