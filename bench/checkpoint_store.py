@@ -37,7 +37,7 @@ from pathlib import Path
 
 from cli.cluster import LocalCluster
 from ddpo import store
-from ddpo.schemas import CheckpointStored, NodeRegistration
+from ddpo.schemas import CheckpointStored, NodeRegistration, PartFinished
 from tests import objectstore
 from worker.client import ServerClient
 
@@ -125,6 +125,8 @@ def one_round(
         kept = people.get(f"/jobs/{job_id}").raise_for_status().json()["checkpoint"]
         assert kept["size_bytes"] == source.stat().st_size == restored.stat().st_size
         people.post(f"/jobs/{job_id}/cancel").raise_for_status()
+    # The node frees its slot, as a worker does once the part has stopped.
+    node.client.finish(part_id, PartFinished(node_id=node.node_id, status="cancelled"))
     restored.unlink()
     return save_s, restore_s
 
@@ -166,7 +168,12 @@ def main() -> None:
                         out.write(os.urandom(2**20))
                 baseline: tuple[float, float] | None = None
                 for name, (artifact_store, direct) in cases.items():
-                    env = {"DDPO_MAX_CHECKPOINT_MB": str(4 * size_mb)}
+                    env = {
+                        "DDPO_MAX_CHECKPOINT_MB": str(4 * size_mb),
+                        # The hand-played node sends no heartbeats (a worker's
+                        # thread does): not lost while the server writes to S3.
+                        "DDPO_HEARTBEAT_TIMEOUT_S": "3600",
+                    }
                     if artifact_store is not None:
                         env["DDPO_ARTIFACT_STORE"] = artifact_store
                     with LocalCluster(
