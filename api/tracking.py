@@ -16,6 +16,7 @@ configured: a server without it loads none of tensorboard.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import tempfile
 import threading
@@ -33,6 +34,17 @@ log = logging.getLogger(__name__)
 
 # MLflow takes at most this many metrics in one request (log_batch).
 MLFLOW_BATCH = 1000
+# After MLflow fails a request, it is left alone this long: jobs start and
+# run untracked meanwhile, rather than wait on it (or fill the log).
+MLFLOW_DOWN_FOR_S = 60.0
+# MLflow's client retries a request 7 times over minutes by default: a node
+# asking for its job's run would hold its part's start that long. Here one
+# retry, 10 s without an answer (an operator's own MLFLOW_HTTP_* win).
+MLFLOW_CLIENT_ENV = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
 # What a job's status is as an MLflow run's.
 RUN_STATUS = {
     JobStatus.SUCCEEDED: "FINISHED",
@@ -158,9 +170,27 @@ class MLflow:
         self._experiment_id: str | None = None
         self._lock = threading.Lock()
         self._mlflow_client: Any = None
+        self._down_until = 0.0
+        for name, value in MLFLOW_CLIENT_ENV.items():
+            os.environ.setdefault(name, value)  # read by MLflow's client, in this server only
 
     def __repr__(self) -> str:
         return f"MLflow at {self.tracking_uri}"
+
+    def available(self) -> bool:
+        """False for a while after MLflow failed a request (``failed``)."""
+        return time.monotonic() >= self._down_until
+
+    def failed(self, exc: BaseException) -> None:
+        if self.available():
+            log.warning(
+                "MLflow at %s failed (%s: %s); jobs run untracked for the next %.0f s",
+                self.tracking_uri,
+                type(exc).__name__,
+                exc,
+                MLFLOW_DOWN_FOR_S,
+            )
+        self._down_until = time.monotonic() + MLFLOW_DOWN_FOR_S
 
     def client(self) -> Any:
         with self._lock:
@@ -213,7 +243,7 @@ class MLflow:
     def write(self, job_id: int, points: list[Point]) -> None:
         from mlflow.entities import Metric
 
-        run_id = self.run_of(job_id)
+        run_id = self.run_of(job_id) if self.available() else None
         if run_id is None:
             return
         metrics = [
@@ -221,17 +251,26 @@ class MLflow:
             for point in points
             for name, value in point.values.items()
         ]
-        for start in range(0, len(metrics), MLFLOW_BATCH):
-            self.client().log_batch(run_id, metrics=metrics[start : start + MLFLOW_BATCH])
+        try:
+            for start in range(0, len(metrics), MLFLOW_BATCH):
+                self.client().log_batch(run_id, metrics=metrics[start : start + MLFLOW_BATCH])
+        except Exception as exc:  # MLflow's and requests' errors alike
+            self.failed(exc)
 
     def ended(self, job_id: int, ended: Ended) -> None:
         """The result as metrics, the final model as an artifact (``model/``),
         the run's status: once, though the job's row may change again."""
+        run_id = self.existing_run(job_id)  # a job that never ran has none
+        if run_id is None or not self.available():
+            return
+        try:
+            self._settle(run_id, job_id, ended)
+        except Exception as exc:  # MLflow's and requests' errors alike
+            self.failed(exc)
+
+    def _settle(self, run_id: str, job_id: int, ended: Ended) -> None:
         from mlflow.entities import Metric
 
-        run_id = self.existing_run(job_id)  # a job that never ran has none
-        if run_id is None:
-            return
         client = self.client()
         if client.get_run(run_id).info.status in set(RUN_STATUS.values()):
             return  # settled already (a later change to the job's row)

@@ -32,7 +32,7 @@ def run_of(core: Core, job_id: int) -> str | None:
     """The job's run, made if it has none yet; None without MLflow or while
     MLflow cannot be reached (the job runs on untracked; said in the log)."""
     mlflow = core.tracking.mlflow
-    if mlflow is None:
+    if mlflow is None or not mlflow.available():
         return None
     with core.db.read() as session:
         job = lookup.job(session, job_id)
@@ -42,7 +42,8 @@ def run_of(core: Core, job_id: int) -> str | None:
     try:
         made = mlflow.create_run(job_id, spec.name or f"job-{job_id}", owner, params(spec))
     except Exception as exc:  # MLflow's client raises its own and requests' errors
-        log.warning("job %d: no MLflow run made at %s: %s", job_id, mlflow.tracking_uri, exc)
+        mlflow.failed(exc)
+        log.warning("job %d: no MLflow run made; it runs untracked", job_id)
         return None
     with core.db.write() as session:
         job = lookup.job(session, job_id, for_update=True)

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from cli.cluster import free_port
 from tests.api.conftest import ProtocolNode, ThreadedServer, make_settings
 from tests.api.test_protocol import submit
 from tests.api.test_retries import started
@@ -92,3 +93,31 @@ def test_without_the_setting_no_event_file_is_written(tmp_path: Path) -> None:
         send(node, started(node)["part_id"], [report(0)])
         assert server.app_core().tracking.sinks == []
     assert not list(tmp_path.rglob("events.out.tfevents.*"))
+
+
+def test_with_mlflow_away_a_part_starts_untracked_and_its_reports_are_heard(
+    tmp_path: Path,
+) -> None:
+    """MLflow down (nothing listens at its URL): a node asking for its job's
+    run is answered without one, at once the second time, and the job's
+    reports are recorded as ever; never a 5xx, never a wait on MLflow."""
+    nobody = f"http://127.0.0.1:{free_port()}"
+    settings = make_settings(tmp_path, poll_wait_s=0.5, mlflow_tracking_uri=nobody)
+    server = ThreadedServer(settings)
+    with server, httpx.Client(base_url=server.url, timeout=30) as c:
+        node = ProtocolNode(c, "a")
+        job_id = submit(c)
+        assignment = started(node)
+        assert assignment["tracking"] == {"tracking_uri": nobody, "run_id": None}
+        for _ in range(2):
+            answer = c.post(
+                f"/parts/{assignment['part_id']}/tracking-run", json={"node_id": node.node_id}
+            )
+            assert answer.status_code == 200, answer.text
+            assert answer.json() == {"tracking_uri": nobody, "run_id": None}
+        assert server.app_core().tracking.mlflow is not None
+        assert not server.app_core().tracking.mlflow.available()
+        send(node, assignment["part_id"], [report(0), report(1)])
+        server.app_core().tracking.flush()
+        points = c.get(f"/jobs/{job_id}/metrics").raise_for_status().json()["points"]
+        assert [p["step"] for p in points] == [1, 2]
