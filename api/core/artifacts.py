@@ -181,8 +181,13 @@ def record_stored(core: Core, part_id: int, body: CheckpointStored) -> bool:
     except (OSError, store.StoreError) as exc:
         raise Unavailable(f"the artifact store cannot be read: {exc}") from exc
     if found != body.size:
-        # Not whole (or not what was said): not kept, and not left behind.
-        _discard_object(job_id, body.url)
+        # Not whole (or not what was said): not kept, and not left behind,
+        # unless it is the one the job keeps (a node naming it with a wrong
+        # size must not remove it).
+        with core.db.read() as session:
+            kept = lookup.job(session, job_id).checkpoint_file
+        if body.url != kept:
+            _discard_object(job_id, body.url)
         raise Conflict(f"size: the object at {body.url} holds {found} bytes, not {body.size}")
     return _keep(core, part_id, body.node_id, at, _InStore(body.url), body.size, body.sha256)
 

@@ -214,13 +214,18 @@ def test_what_a_node_says_it_stored_is_checked_not_trusted(
         refused(409, "size: ", real, size=real.size + 1)
         with pytest.raises(FileNotFoundError):
             store.size_of(real.url)
+        # The kept checkpoint, named with a wrong size: refused, not removed.
+        kept = written(tmp_path, folder, b"kept weights")
+        assert record(a, part_id, kept).json()["accepted"]
+        refused(409, "size: ", kept, size=kept.size + 1)
+        assert store.size_of(kept.url) == kept.size
+        assert c.get(f"/jobs/{job_id}/model").content == b"kept weights"
         # The caps apply as to an upload.
         refused(413, "size: ", real, size=2 * 2**20)
         refused(422, "sha256", real, sha256="not-hex")
         # Not this node's part.
         answer = record(other, part_id, real, node_id=other.node_id)
         assert answer.status_code == 403, answer.text
-        assert c.get(f"/jobs/{job_id}").json()["checkpoint"] is None
         # The other job's object was never touched.
         assert store.size_of(elsewhere.url) == elsewhere.size
 
