@@ -102,7 +102,11 @@ def test_with_mlflow_away_a_part_starts_untracked_and_its_reports_are_heard(
     run is answered without one, at once the second time, and the job's
     reports are recorded as ever; never a 5xx, never a wait on MLflow."""
     nobody = f"http://127.0.0.1:{free_port()}"
-    settings = make_settings(tmp_path, poll_wait_s=0.5, mlflow_tracking_uri=nobody)
+    # The hand-played node sends no heartbeats: on a busy CI host it must
+    # not be lost while MLflow's client gives up (CI's PostgreSQL lane lost it).
+    settings = make_settings(
+        tmp_path, poll_wait_s=0.5, mlflow_tracking_uri=nobody, heartbeat_timeout_s=300
+    )
     server = ThreadedServer(settings)
     with server, httpx.Client(base_url=server.url, timeout=30) as c:
         node = ProtocolNode(c, "a")

@@ -5,7 +5,12 @@ tests/objectstore.py) and a directory every worker and server mounts
 server's disk and not through it; after a rank is killed its retry resumes
 on both nodes from the store's checkpoint; the final model downloaded is
 the store's object. A 1 GB checkpoint from a plugin trainer passes with
-the worker's and the server's memory each rising by less than 200 MB."""
+the worker's and the server's memory each rising by less than 200 MB.
+
+Named to run late in CI's main lane (pytest takes modules in name order):
+its 1 GB objects keep both cores busy for a minute and a half, and CI's
+PostgreSQL lane runs beside the first end-to-end modules, where its
+hand-played nodes timed out once beside it."""
 
 from __future__ import annotations
 
