@@ -290,6 +290,8 @@ def _tracking(core: Core) -> Tracking:
 def _settle_runs(tracking: Tracking, rows: Sequence[object]) -> None:
     """A job that ended in a commit of this server: its runs settled (its
     result, its final model, its status), off this thread."""
+    if not tracking.sinks:
+        return  # every commit passes here: nothing to look at without sinks
     for row in rows:
         if isinstance(row, Job) and row.id is not None and row.status.is_terminal():
             tracking.ended(

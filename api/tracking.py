@@ -207,17 +207,16 @@ class MLflow:
             return known
         client = self.client()
         found = client.get_experiment_by_name(self.experiment)
-        if found is None:
+        if found is not None:
+            found_id: str = found.experiment_id
+        else:
             try:
-                made: str = client.create_experiment(self.experiment)
+                found_id = client.create_experiment(self.experiment)
             except Exception:  # another server made it meanwhile
                 found = client.get_experiment_by_name(self.experiment)
                 if found is None:
                     raise
-            else:
-                found_id = made
-        if found is not None:
-            found_id = found.experiment_id
+                found_id = found.experiment_id
         with self._lock:
             self._experiment_id = found_id
         return found_id

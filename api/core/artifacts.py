@@ -113,9 +113,9 @@ def _resumed_from(session: Session, attempt_id: int, job: Job) -> bool:
     )
 
 
-def check_upload(core: Core, part_id: int, node_id: int, at: Position) -> None:
+def check_upload(core: Core, part_id: int, node_id: int, at: Position) -> int:
     """Refuse an upload before its bytes are read: wrong node, not machine 0,
-    an epoch the job does not have."""
+    an epoch the job does not have. The part's job id."""
     with core.db.read() as session:
         part = lookup.owned_part(session, part_id, node_id)
         if part.machine_id != 0:
@@ -125,6 +125,7 @@ def check_upload(core: Core, part_id: int, node_id: int, at: Position) -> None:
         # A script counts its epochs itself (in its arguments); a trainer's are the spec's.
         if spec.script is None and at.epoch > epochs:
             raise Conflict(f"epoch: job {part.job_id} has {epochs} epoch(s), not {at.epoch}")
+        return part.job_id
 
 
 def room_for_uploads(core: Core) -> Callable[[], int]:
@@ -159,15 +160,13 @@ def record_stored(core: Core, part_id: int, body: CheckpointStored) -> bool:
     node reports is checked, never trusted: the object must be in the job's
     folder under a name ``store.put`` gives, and hold the bytes it says."""
     at = Position(body.epoch, body.step)
-    check_upload(core, part_id, body.node_id, at)
+    job_id = check_upload(core, part_id, body.node_id, at)
     root = core.settings.artifact_store
     if root is None:
         raise Conflict(
             "url: this server has no artifact store (DDPO_ARTIFACT_STORE): upload the "
             f"checkpoint to PUT /parts/{part_id}/checkpoint"
         )
-    with core.db.read() as session:
-        job_id = lookup.owned_part(session, part_id, body.node_id).job_id
     if not store.is_jobs_object(body.url, root, job_id):
         raise Conflict(
             f"url: {body.url!r} is not a checkpoint of job {job_id} "
