@@ -70,6 +70,15 @@ def _filesystem(url: str) -> tuple[Any, str]:
     return fs, path
 
 
+def _fresh(url: str) -> tuple[Any, str]:
+    """The filesystem and path, with nothing cached of what is at the path:
+    s3fs remembers folder listings for the life of the process, and another
+    process (a node, another server) writes objects it has not seen."""
+    fs, path = _filesystem(url)
+    fs.invalidate_cache(path)
+    return fs, path
+
+
 def check(url: str) -> str:
     """``url`` as a store's root (no trailing slash), or StoreError naming
     what is wrong with it."""
@@ -108,23 +117,138 @@ def is_jobs_object(url: str, root: str, job_id: int) -> bool:
 def put(folder: str, base: str, source: Path) -> Stored:
     """Copy ``source`` into the store as ``base`` under ``folder`` (a URL
     ending in "/"), made unique, chunk by chunk, hashing as it goes."""
-    url = f"{folder}{uuid.uuid4().hex[:12]}-{base}"
-    fs, path = _filesystem(url)
-    if _local(fs):
-        fs.makedirs(path.rpartition("/")[0], exist_ok=True)
-    digest = hashlib.sha256()
-    size = 0
-    with open(source, "rb") as src, fs.open(path, "wb", block_size=CHUNK) as dst:
-        while chunk := src.read(CHUNK):
-            digest.update(chunk)
-            dst.write(chunk)
-            size += len(chunk)
-    return Stored(url, size, digest.hexdigest())
+    return Upload(folder, base, source).advance()
+
+
+class Upload:
+    """One object's write that survives a cut connection: what is in the
+    store stays there, and :meth:`advance` goes on from the first byte that
+    is not. On S3 a multipart upload of CHUNK-sized parts, its id and
+    finished parts kept here; on a directory a ``.partial`` file beside the
+    object, renamed to it when whole (a reader never sees half of one).
+
+    Whatever :meth:`advance` raises leaves the upload where its last
+    finished part left it; :meth:`abort` gives it up and removes what was
+    written."""
+
+    def __init__(self, folder: str, base: str, source: Path) -> None:
+        self.url = f"{folder}{uuid.uuid4().hex[:12]}-{base}"
+        self.source = source
+        self.sent = 0  # bytes of source in the store, in order
+        self._digest = hashlib.sha256()  # of those bytes
+        self._upload_id: str | None = None
+        self._parts: list[dict[str, Any]] = []
+
+    def advance(self) -> Stored:
+        """Write the rest of the source; the object once whole."""
+        fs, path = _filesystem(self.url)
+        if _local(fs):
+            self._advance_in_directory(path)
+        else:
+            self._advance_in_parts(fs, path)
+        return Stored(self.url, self.sent, self._digest.hexdigest())
+
+    def _advance_in_directory(self, path: str) -> None:
+        partial = Path(path + ".partial")
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.source, "rb") as src, open(partial, "r+b" if self.sent else "wb") as dst:
+            src.seek(self.sent)
+            dst.seek(self.sent)
+            dst.truncate()  # whatever a cut write left past the last whole chunk
+            while chunk := src.read(CHUNK):
+                dst.write(chunk)
+                dst.flush()
+                self._took(chunk)
+        os.replace(partial, path)
+
+    def _advance_in_parts(self, fs: Any, path: str) -> None:
+        bucket, key, _ = fs.split_path(path)
+        if self._upload_id is None:
+            made = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)
+            self._upload_id = made["UploadId"]
+        with open(self.source, "rb") as src:
+            src.seek(self.sent)
+            # At least one part: an empty source is one empty part.
+            while (chunk := src.read(CHUNK)) or not self._parts:
+                number = len(self._parts) + 1
+                sent = fs.call_s3(
+                    "upload_part",
+                    Bucket=bucket,
+                    Key=key,
+                    UploadId=self._upload_id,
+                    PartNumber=number,
+                    Body=chunk,
+                )
+                self._parts.append({"PartNumber": number, "ETag": sent["ETag"]})
+                self._took(chunk)
+        try:
+            fs.call_s3(
+                "complete_multipart_upload",
+                Bucket=bucket,
+                Key=key,
+                UploadId=self._upload_id,
+                MultipartUpload={"Parts": self._parts},
+            )
+        except FileNotFoundError:
+            # No such upload: completed by an earlier call whose answer was
+            # lost on the way back, if the object is there whole.
+            fs.invalidate_cache(path)
+            if not fs.exists(path) or int(fs.size(path)) != self.sent:
+                raise
+        self._upload_id = None
+        fs.invalidate_cache(path)  # this process's listings now lack it
+
+    def _took(self, chunk: bytes) -> None:
+        self._digest.update(chunk)
+        self.sent += len(chunk)
+
+    def abort(self) -> None:
+        """Give the write up: nothing of it is left in the store (as far as
+        the store can be reached; S3 buckets also expire abandoned uploads
+        by lifecycle rule)."""
+        with contextlib.suppress(Exception):
+            fs, path = _filesystem(self.url)
+            if _local(fs):
+                Path(path + ".partial").unlink(missing_ok=True)
+            elif self._upload_id is not None:
+                bucket, key, _ = fs.split_path(path)
+                fs.call_s3(
+                    "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=self._upload_id
+                )
+
+
+def is_unusable(exc: BaseException) -> bool:
+    """Whether a write failed because the store cannot be used from here as
+    configured (no credentials, no permission, no such bucket or directory,
+    its library missing) rather than because a connection was cut: the
+    first will fail the same way next time, the second may go on."""
+    if isinstance(
+        exc,
+        StoreError
+        | ImportError
+        | PermissionError
+        | FileNotFoundError
+        | FileExistsError
+        | NotADirectoryError
+        | IsADirectoryError,
+    ):
+        return True
+    try:
+        from botocore import exceptions as boto
+    except ImportError:
+        return False
+    return isinstance(
+        exc,
+        boto.NoCredentialsError
+        | boto.PartialCredentialsError
+        | boto.NoRegionError
+        | boto.ParamValidationError,
+    )
 
 
 def size_of(url: str) -> int:
     """The object's size (FileNotFoundError if there is none)."""
-    fs, path = _filesystem(url)
+    fs, path = _fresh(url)
     return int(fs.size(path))
 
 
@@ -132,7 +256,7 @@ def fetch(url: str, destination: Path, sha256: str | None) -> int:
     """The object written whole to ``destination`` (through a ``.partial``
     file, chunk by chunk), its SHA-256 checked when known; its size."""
     partial = destination.with_name(destination.name + ".partial")
-    fs, path = _filesystem(url)
+    fs, path = _fresh(url)
     # No cache: each read below is one ranged GET of CHUNK bytes.
     opened = fs.open(path, "rb", block_size=CHUNK, cache_type="none")
     digest = hashlib.sha256()
@@ -158,7 +282,7 @@ def check_digest(what: str, digest: Any, expected: str | None, partial: Path) ->
 
 def open_object(url: str) -> tuple[IO[bytes], int]:
     """The object opened for reading, and its size."""
-    fs, path = _filesystem(url)
+    fs, path = _fresh(url)
     size = int(fs.size(path))
     return fs.open(path, "rb", block_size=CHUNK), size
 

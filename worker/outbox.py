@@ -21,6 +21,10 @@ from worker.courier import Courier
 log = logging.getLogger(__name__)
 
 LOG_LINES_PER_REQUEST = 2000
+# Tries in a row that wrote nothing to the artifact store before a node
+# sends its checkpoints through the server instead (each try is itself
+# retried by s3fs and botocore, seconds of them).
+MAX_CUTS = 3
 
 
 class Outbox:
@@ -34,6 +38,10 @@ class Outbox:
         self.last_progress: ProgressReport | None = None
         # Where the newest checkpoint the server has was taken (Saved.order).
         self.uploaded: tuple[int, int] | None = None
+        # Being written to the artifact store (a cut write goes on from where
+        # it stopped), and the tries in a row that wrote nothing.
+        self._writing: tuple[tuple[int, int], store.Upload] | None = None
+        self._cuts = 0
         # Written to the artifact store, its record not yet heard by the server.
         self._unrecorded: tuple[tuple[int, int], CheckpointStored] | None = None
         # The store failed from this node once: the rest go through the server.
@@ -145,27 +153,12 @@ class Outbox:
         self, courier: Courier, node_id: int, newest: runfiles.Saved, folder: str
     ) -> bool | None:
         """Write ``newest`` to the store (once) and have the server record it.
-        None: the store cannot be written from this node."""
+        False: try later; None: the store cannot be written from this node."""
         part_id = self.assignment.part_id
         if self._unrecorded is None or self._unrecorded[0] != newest.order():
-            try:
-                stored = store.put(
-                    folder, store.checkpoint_name(newest.epoch, newest.step), newest.path
-                )
-            except Exception as exc:  # any library's failure (botocore, aiohttp): fall back
-                if not newest.path.exists():
-                    raise FileNotFoundError(newest.path) from exc
-                # No credentials here, no route to the store, s3fs missing:
-                # the server writes to the store for this node instead.
-                log.warning(
-                    "part %d: the artifact store cannot be written from this node (%s: %s); "
-                    "its checkpoints go through the server",
-                    part_id,
-                    type(exc).__name__,
-                    exc,
-                )
-                self._store_failed = True
-                return None
+            stored = self._write(newest, folder)
+            if not isinstance(stored, store.Stored):
+                return stored
             record = CheckpointStored(
                 node_id=node_id,
                 epoch=newest.epoch,
@@ -183,3 +176,53 @@ class Outbox:
             return False
         self._unrecorded = None
         return True
+
+    def _write(self, newest: runfiles.Saved, folder: str) -> store.Stored | bool | None:
+        """Write ``newest`` to the store, going on from where an earlier try
+        was cut. The object once whole; False: cut again, go on next turn;
+        None: the store cannot be written from this node."""
+        part_id = self.assignment.part_id
+        order = newest.order()
+        if self._writing is not None and self._writing[0] != order:
+            self._writing[1].abort()  # a newer checkpoint replaces the unfinished one
+            self._writing = None
+        if self._writing is None:
+            name = store.checkpoint_name(newest.epoch, newest.step)
+            self._writing = (order, store.Upload(folder, name, newest.path))
+            self._cuts = 0
+        upload = self._writing[1]
+        before = upload.sent
+        try:
+            stored = upload.advance()
+        except Exception as exc:  # any library's failure (botocore, aiohttp)
+            if not newest.path.exists():
+                upload.abort()
+                self._writing = None
+                raise FileNotFoundError(newest.path) from exc
+            self._cuts = 0 if upload.sent > before else self._cuts + 1
+            if not store.is_unusable(exc) and self._cuts < MAX_CUTS:
+                log.warning(
+                    "part %d: writing its checkpoint to the artifact store was cut after "
+                    "%d of %d bytes (%s: %s); it goes on from there",
+                    part_id,
+                    upload.sent,
+                    newest.path.stat().st_size,
+                    type(exc).__name__,
+                    exc,
+                )
+                return False
+            # No credentials here, no route to the store, s3fs missing:
+            # the server writes to the store for this node instead.
+            log.warning(
+                "part %d: the artifact store cannot be written from this node (%s: %s); "
+                "its checkpoints go through the server",
+                part_id,
+                type(exc).__name__,
+                exc,
+            )
+            upload.abort()
+            self._writing = None
+            self._store_failed = True
+            return None
+        self._writing = None
+        return stored

@@ -6,14 +6,20 @@ the server instead, from then on."""
 from __future__ import annotations
 
 import hashlib
+import os
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from ddpo import store
 from ddpo.schemas import Assignment, CheckpointStored, JobSpec
+from tests.objectstore import S3Server
+from tests.tcpproxy import CuttingProxy
 from worker import runfiles
 from worker.client import ServerUnavailable
 from worker.courier import Courier
-from worker.outbox import Outbox
+from worker.outbox import MAX_CUTS, Outbox
 
 
 class Server:
@@ -98,3 +104,87 @@ def test_a_store_this_node_cannot_write_sends_checkpoints_through_the_server(
     assert box._upload_checkpoint(courier, node_id=3)
     assert server.uploads == [(1, b"epoch one"), (2, b"epoch two")]
     assert server.records == []
+
+
+@pytest.fixture
+def cutting_s3(s3: S3Server) -> Iterator[CuttingProxy]:
+    """The S3 server behind a proxy that can cut connections: s3fs's
+    clients (cached per process) made afresh to reach it, and again after.
+    botocore tries each request twice, not five times: a try while the
+    proxy is down takes a second, not six (what is tested is ours)."""
+    import s3fs
+
+    proxy = CuttingProxy(int(s3.url.rsplit(":", 1)[1]))
+    s3fs.S3FileSystem.clear_instance_cache()
+    os.environ.update(AWS_ENDPOINT_URL=proxy.url, AWS_MAX_ATTEMPTS="2")
+    try:
+        yield proxy
+    finally:
+        os.environ["AWS_ENDPOINT_URL"] = s3.url
+        del os.environ["AWS_MAX_ATTEMPTS"]
+        s3fs.S3FileSystem.clear_instance_cache()
+        proxy.close()
+
+
+def unfinished_uploads(bucket: str) -> list[str]:
+    import fsspec
+
+    listed = fsspec.filesystem("s3").call_s3("list_multipart_uploads", Bucket=bucket)
+    return [upload["Key"] for upload in listed.get("Uploads", [])]
+
+
+def test_a_write_to_s3_cut_mid_part_goes_on_from_its_last_part(
+    tmp_path: Path, s3: S3Server, cutting_s3: CuttingProxy
+) -> None:
+    bucket = s3.new_bucket()
+    box, courier, server = outbox(tmp_path, store.job_folder(f"s3://{bucket}/team", 7))
+    data = os.urandom(3 * store.CHUNK + 5)  # four parts
+    save(box.run_dir, 1, data)
+    cutting_s3.cut_after(store.CHUNK + store.CHUNK // 2)  # in the second part
+    assert not box._upload_checkpoint(courier, node_id=3)  # cut: try later
+    assert not box._upload_checkpoint(courier, node_id=3)  # still away: try later
+    assert server.records == [] and server.uploads == []  # not sent through the server
+    cutting_s3.heal()
+    before = cutting_s3.sent
+    assert box._upload_checkpoint(courier, node_id=3)
+    # The first part was not sent again: the rest is the other three parts.
+    resent = cutting_s3.sent - before
+    assert 2 * store.CHUNK < resent < 3 * store.CHUNK, resent
+    (record,) = server.records
+    assert (record.size, record.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+    assert server.uploads == []
+    copy = tmp_path / "read-back.pt"
+    store.fetch(record.url, copy, record.sha256)
+    assert copy.read_bytes() == data
+    assert s3.keys(bucket) == [record.url.split(f"s3://{bucket}/", 1)[1]]
+    assert unfinished_uploads(bucket) == []
+
+
+def test_a_newer_checkpoint_replaces_a_cut_write_and_one_that_stays_cut_goes_through_the_server(
+    tmp_path: Path, s3: S3Server, cutting_s3: CuttingProxy
+) -> None:
+    bucket = s3.new_bucket()
+    box, courier, server = outbox(tmp_path, store.job_folder(f"s3://{bucket}/team", 7))
+    save(box.run_dir, 1, os.urandom(2 * store.CHUNK))
+    cutting_s3.cut_after(store.CHUNK + 100)
+    assert not box._upload_checkpoint(courier, node_id=3)
+    cutting_s3.heal()
+    assert unfinished_uploads(bucket) != []
+    # Epoch 2's checkpoint arrives before epoch 1's is whole: epoch 1's
+    # upload is given up (nothing of it left), epoch 2's written.
+    two = os.urandom(store.CHUNK + 7)
+    save(box.run_dir, 2, two)
+    assert box._upload_checkpoint(courier, node_id=3)
+    assert [(r.epoch, r.size) for r in server.records] == [(2, len(two))]
+    assert unfinished_uploads(bucket) == []
+    assert len(s3.keys(bucket)) == 1
+    # A store that stays away: after MAX_CUTS tries that write nothing, this
+    # checkpoint and the next go through the server.
+    three = os.urandom(store.CHUNK + 9)
+    save(box.run_dir, 3, three)
+    cutting_s3.cut_after(1000)
+    tries = 1
+    while not box._upload_checkpoint(courier, node_id=3):
+        tries += 1
+        assert tries <= MAX_CUTS + 1
+    assert server.uploads == [(3, three)] and len(server.records) == 1

@@ -93,3 +93,12 @@ def test_only_an_object_put_would_write_for_the_job_is_its_checkpoint(url: str) 
     root = "s3://bucket/team"
     assert store.is_jobs_object(f"{root}/job-7/0123456789ab-step-41.pt", root, 7)
     assert not store.is_jobs_object(url, root, 7)
+
+
+def test_an_empty_checkpoint_is_an_empty_object(tmp_path: Path, s3: S3Server) -> None:
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    for root in (f"file://{tmp_path}/shared", f"s3://{s3.new_bucket()}/team"):
+        written = store.put(store.job_folder(root, 7), "epoch-1.pt", empty)
+        assert (written.size, written.sha256) == (0, hashlib.sha256(b"").hexdigest())
+        assert store.size_of(written.url) == 0
