@@ -18,17 +18,21 @@ class CuttingProxy:
         self.port = self._listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.sent = 0  # bytes from clients passed on to the server
+        self.received = 0  # bytes from the server passed on to clients
         self.down = False
-        self._cut_at: int | None = None
+        self._cut_at: tuple[bool, int] | None = None  # (of what clients send?, at)
+        self._stay_down = True
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def cut_after(self, count: int) -> None:
-        """Pass ``count`` more bytes from clients, then cut every connection
-        and refuse new ones until :meth:`heal`."""
+    def cut_after(self, count: int, *, sent: bool = True, stay_down: bool = True) -> None:
+        """Pass ``count`` more bytes from clients (``sent``) or to them, then
+        cut every connection and refuse new ones until :meth:`heal` (or,
+        without ``stay_down``, take new ones at once)."""
         with self._lock:
-            self._cut_at = self.sent + count
+            self._cut_at = (sent, (self.sent if sent else self.received) + count)
+            self._stay_down = stay_down
 
     def heal(self) -> None:
         with self._lock:
@@ -60,21 +64,29 @@ class CuttingProxy:
             threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket, counted: bool) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, sent: bool) -> None:
         try:
             while data := source.recv(65536):
-                if counted:
-                    with self._lock:
-                        if self.down:
-                            return
-                        if self._cut_at is not None and self.sent + len(data) >= self._cut_at:
-                            sink.sendall(data[: self._cut_at - self.sent])
-                            self.sent = self._cut_at
-                            self.down = True
-                            self._drop_all()
-                            return
+                with self._lock:
+                    if self.down:
+                        return
+                    passed = self.sent if sent else self.received
+                    cut = self._cut_at
+                    if cut is not None and cut[0] == sent and passed + len(data) >= cut[1]:
+                        data = data[: cut[1] - passed]
+                    if sent:
                         self.sent += len(data)
-                sink.sendall(data)
+                    else:
+                        self.received += len(data)
+                    cutting = cut is not None and cut[0] == sent and passed + len(data) >= cut[1]
+                    if cutting:
+                        self._cut_at = None
+                sink.sendall(data)  # not under the lock: the other way may be waiting
+                if cutting:
+                    with self._lock:
+                        self.down = self._stay_down
+                        self._drop_all()
+                    return
         except OSError:
             pass
         finally:

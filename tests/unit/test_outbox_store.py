@@ -1,7 +1,9 @@
 """Machine 0's outbox with an artifact store (worker/outbox.py): a
 checkpoint is written to the store once and its record sent until the
-server has heard it; a store this node cannot write to sends it through
-the server instead, from then on."""
+server has heard it; a write cut part-way goes on from its last part (and
+a read from its last range) through a proxy that cuts the connections; a
+store this node cannot write to sends it through the server instead, from
+then on."""
 
 from __future__ import annotations
 
@@ -188,3 +190,21 @@ def test_a_newer_checkpoint_replaces_a_cut_write_and_one_that_stays_cut_goes_thr
         tries += 1
         assert tries <= MAX_CUTS + 1
     assert server.uploads == [(3, three)] and len(server.records) == 1
+
+
+def test_a_read_from_s3_cut_mid_object_goes_on_from_its_last_part(
+    tmp_path: Path, s3: S3Server, cutting_s3: CuttingProxy
+) -> None:
+    """A retry's node reads the checkpoint in CHUNK-sized ranges: a cut
+    connection costs the range it was in, not what was read before."""
+    bucket = s3.new_bucket()
+    source = tmp_path / "checkpoint.pt"
+    source.write_bytes(os.urandom(3 * store.CHUNK + 5))
+    written = store.put(store.job_folder(f"s3://{bucket}/team", 7), "epoch-1.pt", source)
+    before = cutting_s3.received
+    cutting_s3.cut_after(store.CHUNK + store.CHUNK // 2, sent=False, stay_down=False)
+    copy = tmp_path / "copy.pt"
+    assert store.fetch(written.url, copy, written.sha256) == written.size
+    assert copy.read_bytes() == source.read_bytes()
+    read = cutting_s3.received - before
+    assert written.size + store.CHUNK // 2 <= read < written.size + store.CHUNK, read
