@@ -6,10 +6,15 @@ options.
 
     python -m bench.recipe_vs_ours --data-dir ../shared/data --processes 1 --batch-size 128
 
-Prints each run, both mean times and the ratio ours / recipe.
+Prints each run, both mean times and the ratio ours / recipe. With
+``--precisions fp32 bf16-mixed`` ours also runs in bf16-mixed, alternating
+with the others, and the training loops' ratio is printed.
 """
 
 from __future__ import annotations
+
+import functools
+import statistics
 
 from bench._runs import (
     alternate,
@@ -29,12 +34,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args(argv)
-    spec = JobSpec(
-        topology=Topology(num_machines=1, num_processes=args.processes),
-        batch_size=args.batch_size,
-        epochs=args.epochs,
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        default=["fp32"],
+        choices=["fp32", "bf16-mixed"],
+        help="ours in each performance.precision (fp32 is the default job)",
     )
+    args = parser.parse_args(argv)
+
+    def spec(precision: str) -> JobSpec:
+        return JobSpec(
+            topology=Topology(num_machines=1, num_processes=args.processes),
+            batch_size=args.batch_size,
+            epochs=args.epochs,
+            performance={"precision": precision},
+        )
+
+    def ours(precision: str) -> str:
+        return "ours" if precision == "fp32" else f"ours {precision}"
 
     with local_cluster(args.data_dir) as (_, client):
         runs = alternate(
@@ -46,21 +64,35 @@ def main(argv: list[str] | None = None) -> None:
                     batch_size=args.batch_size,
                     epochs=args.epochs,
                 ),
-                "ours": lambda: run_orchestrated(spec, client, way="ours"),
+                **{
+                    ours(precision): functools.partial(
+                        run_orchestrated, spec(precision), client, way=ours(precision)
+                    )
+                    for precision in args.precisions
+                },
             },
         )
 
-    recipe, ours = mean_wall(runs, "recipe"), mean_wall(runs, "ours")
+    recipe = mean_wall(runs, "recipe")
     print(
         f"\n1 machine x {args.processes} process(es), batch {args.batch_size}, "
         f"{args.epochs} epoch(s)"
     )
-    print(f"mean wall time: recipe {recipe:.1f} s, ours (through the orchestrator) {ours:.1f} s")
-    print(
-        f"mean training loop: recipe {mean_train(runs, 'recipe'):.1f} s, "
-        f"ours {mean_train(runs, 'ours'):.1f} s"
-    )
-    print(f"ratio ours / recipe (wall): {ours / recipe:.3f}  ({recipe / ours:.2f}x faster)")
+    for precision in args.precisions:
+        way = ours(precision)
+        wall = mean_wall(runs, way)
+        accuracy = statistics.mean(run.accuracy or 0 for run in runs if run.way == way)
+        print(
+            f"{way}: mean wall {wall:.1f} s against the recipe's {recipe:.1f} s: "
+            f"ratio {wall / recipe:.3f} ({recipe / wall:.2f}x faster); training loop "
+            f"{mean_train(runs, way):.1f} s against {mean_train(runs, 'recipe'):.1f} s; "
+            f"test accuracy {100 * accuracy:.2f}%"
+        )
+    if "fp32" in args.precisions:
+        for precision in args.precisions:
+            if precision != "fp32":
+                gain = mean_train(runs, "ours") / mean_train(runs, ours(precision))
+                print(f"training loop, fp32 / {precision}: {gain:.2f}x")
 
 
 if __name__ == "__main__":

@@ -64,8 +64,10 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "WaitTimeout",
+    "autocast",
     "checkpoint_dir",
     "is_rank_zero",
+    "precision",
     "report",
     "resume_epoch",
     "resume_step",
@@ -78,6 +80,7 @@ RUN_DIR_ENV = "DDPO_RUN_DIR"
 CHECKPOINT_DIR_ENV = "DDPO_CHECKPOINT_DIR"
 RESUME_EPOCH_ENV = "DDPO_RESUME_EPOCH"
 RESUME_STEP_ENV = "DDPO_RESUME_STEP"
+PRECISION_ENV = "DDPO_PRECISION"
 
 # The client and its errors, loaded on first use (a training script that
 # only reports never imports httpx).
@@ -190,6 +193,29 @@ def resume_step() -> int | None:
     the job stopped there on request (save_checkpoint(step=)); else None."""
     value = os.environ.get(RESUME_STEP_ENV)
     return int(value) if value else None
+
+
+def precision() -> str:
+    """The job's ``performance.precision``: fp32 (the default, and outside
+    ddpo), bf16-mixed or fp16-mixed."""
+    return os.environ.get(PRECISION_ENV, "fp32")
+
+
+def autocast(device: Any) -> Any:
+    """A context for the forward pass and loss in the job's precision on
+    ``device`` (a torch.device or "cpu"/"cuda"): torch.autocast in bfloat16
+    or float16, or nothing for fp32. With fp16-mixed, scale the loss with
+    ``torch.amp.GradScaler("cuda")`` as torch's AMP recipe does::
+
+        with ddpo.autocast(device):
+            loss = F.nll_loss(model(data), target)
+        loss.backward()
+    """
+    import torch
+
+    from ddpo import amp
+
+    return amp.autocast(precision(), torch.device(device).type)
 
 
 def should_stop() -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ddpo import amp
 from ddpo.schemas import JobSpec
 
 
@@ -58,3 +59,14 @@ class TrainContext:
     @property
     def is_master(self) -> bool:
         return self.rank == 0
+
+    def autocast(self) -> Any:
+        """A context for the forward pass and loss in the job's
+        performance.precision (nothing for fp32)."""
+        return amp.autocast(self.spec.performance.precision, self.device.type)
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        """fp16-mixed's loss scaler; disabled (its calls pass through) for
+        the other precisions: ``scaler.scale(loss).backward()``,
+        ``scaler.step(optimizer)``, ``scaler.update()``."""
+        return amp.grad_scaler(self.spec.performance.precision, self.device.type)

@@ -13,12 +13,15 @@ and tests/e2e/test_equivalence.py hold both to it).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -237,12 +240,25 @@ def train_data(
 
 
 def train_step(
-    model: nn.Module, optimizer: optim.Optimizer, data: torch.Tensor, target: torch.Tensor
+    model: nn.Module,
+    optimizer: optim.Optimizer,
+    data: torch.Tensor,
+    target: torch.Tensor,
+    autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> torch.Tensor:
+    """One step; the forward pass and loss under ``autocast`` (the job's
+    precision), the loss scaled by ``scaler`` when fp16 needs one."""
     optimizer.zero_grad()
-    loss = F.nll_loss(model(data), target)
-    loss.backward()
-    optimizer.step()
+    with autocast():
+        loss = F.nll_loss(model(data), target)
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
     return loss.detach()
 
 
@@ -289,6 +305,7 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
     if ctx.resume is not None:
         start = checkpoints.resume(ctx.resume, model, optimizer, ctx.world_size)
     pace = Pace.of(spec, data, ctx.world_size)
+    scaler = ctx.grad_scaler() if spec.performance.precision == "fp16-mixed" else None
 
     train_started = perf_counter()
     epoch_seconds: list[float] = []
@@ -304,6 +321,7 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
             epoch,
             pace,
             within,
+            scaler,
         )
         if trained.stopped:
             # Asked to stop: every rank stops after this same step, and the
@@ -330,7 +348,8 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
     # This machine's other ranks are done: evaluate with all of the part's threads.
     torch.set_num_threads(threads * spec.topology.num_processes)
     eval_started = perf_counter()
-    test_loss, accuracy = evaluate(model, spec, ctx.data_dir, ctx.device)
+    with ctx.autocast():
+        test_loss, accuracy = evaluate(model, spec, ctx.data_dir, ctx.device)
     eval_seconds = perf_counter() - eval_started
     print(f"Test set: average loss {test_loss:.4f}, accuracy {100 * accuracy:.2f}%", flush=True)
     steps = len(epoch_seconds) * pace.batches_per_epoch
@@ -344,6 +363,7 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
         epoch_seconds=[round(s, 3) for s in epoch_seconds],
         samples_per_sec=round(steps * pace.samples_per_batch / max(train_seconds, 1e-9), 1),
         threads_per_process=threads,
+        precision=spec.performance.precision,
     )
 
 
@@ -365,6 +385,7 @@ def train_epoch(
     epoch: int,
     pace: Pace,
     start: checkpoints.ResumePoint,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> Trained:
     """One epoch, or its rest after ``start`` (rank 0 prints and reports
     every LOG_EVERY batches); it stops early, after a step every rank
@@ -384,7 +405,7 @@ def train_epoch(
             break
         if channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        loss = train_step(ddp, optimizer, images, target)
+        loss = train_step(ddp, optimizer, images, target, ctx.autocast, scaler)
         epoch_loss += loss
         done = batch_idx + 1
         if ctx.is_master and (batch_idx % LOG_EVERY == 0 or done == pace.batches_per_epoch):
@@ -458,7 +479,7 @@ def evaluate(
             if spec.performance.channels_last:
                 data = data.contiguous(memory_format=torch.channels_last)
             output = model(data)
-            total_loss += F.nll_loss(output, target, reduction="sum").item()
+            total_loss += F.nll_loss(output.float(), target, reduction="sum").item()
             correct += int((output.argmax(dim=1) == target).sum().item())
     return total_loss / total, correct / total
 

@@ -127,6 +127,7 @@ def _start(
         **network.collective_env(config.interface, os.environ),
         ddpo.RUN_DIR_ENV: str(config.run_dir),
         ddpo.CHECKPOINT_DIR_ENV: str(checkpoint),
+        ddpo.PRECISION_ENV: assignment.spec.performance.precision,
         "PYTHONUNBUFFERED": "1",
     }
     for name, value in (

@@ -148,6 +148,14 @@ class Performance(Strict):
         False, description="DDP option (no measurable gain here, see BENCHMARKS.md)"
     )
     bucket_cap_mb: float = Field(25.0, gt=0, le=1024, description="DDP all-reduce bucket size")
+    precision: Literal["fp32", "bf16-mixed", "fp16-mixed"] = Field(
+        "fp32",
+        description="fp32: the recipe's maths; bf16-mixed: the forward pass and loss under "
+        "torch.autocast in bfloat16, weights and optimizer in fp32 (CPU or GPU); "
+        "fp16-mixed: autocast in float16 with a gradient scaler (GPU: backend nccl). "
+        "Plugins get it as ctx.autocast() and ctx.grad_scaler(), scripts as "
+        "ddpo.autocast(device) and DDPO_PRECISION",
+    )
 
 
 # A script's path: relative, inside the worker's script directory, made of
@@ -330,6 +338,15 @@ class JobSpec(Strict):
             raise ValueError(f"trainer '{SCRIPT_TRAINER}' needs a `script` to run")
         return value
 
+    @field_validator("performance")
+    @classmethod
+    def _a_precision_the_backend_runs(cls, value: Performance, info: ValidationInfo) -> Any:
+        if value.precision == "fp16-mixed" and info.data.get("backend") != "nccl":
+            raise ValueError(
+                "precision: fp16-mixed runs on GPUs (backend nccl); on CPUs use bf16-mixed"
+            )
+        return value
+
     @field_validator("params")
     @classmethod
     def _params_bounded(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
@@ -367,6 +384,9 @@ class TrainResult(Strict):
     epoch_seconds: list[float] = Field(default_factory=list)
     samples_per_sec: float | None = Field(None, ge=0)
     threads_per_process: int | None = Field(None, ge=1)
+    precision: str | None = Field(
+        None, description="performance.precision the trainer ran in (none: a script's job)"
+    )
 
 
 class JobError(BaseModel):

@@ -6,8 +6,10 @@ torchrun_mlp.py` and as a ddpo job:
     {"script": {"path": "torchrun_mlp.py", "args": ["--epochs", "3"]},
      "topology": {"num_machines": 2, "num_processes": 1}, "max_restarts": 1}
 
-Three ddpo calls, all harmless elsewhere: ``ddpo.report`` sends rank 0's
-loss and accuracy to the job (under torchrun it prints them),
+Four ddpo calls, all harmless elsewhere: ``ddpo.autocast`` runs the forward
+pass and loss in the job's ``performance.precision`` (bf16-mixed: bfloat16;
+fp32, the default and outside ddpo: unchanged), ``ddpo.report`` sends rank
+0's loss and accuracy to the job (under torchrun it prints them),
 ``ddpo.save_checkpoint`` marks what rank 0 wrote to ``ddpo.checkpoint_dir()``
 as the checkpoint a retry resumes from, and ``ddpo.should_stop`` says when
 the job is asked to stop (preempted, drained): it then saves at that step
@@ -90,8 +92,11 @@ def main() -> None:
         for step in range(first_step if epoch == first_epoch else 1, args.steps_per_epoch + 1):
             start = ((step - 1) * args.batch_size) % (len(mine) - args.batch_size)
             batch = mine[start : start + args.batch_size]
-            logits = ddp(x[batch].to(device))
-            loss = F.cross_entropy(logits, y[batch].to(device))
+            with ddpo.autocast(device):  # the job's performance.precision
+                logits = ddp(x[batch].to(device))
+                loss = F.cross_entropy(logits, y[batch].to(device))
+            if rank == 0 and epoch == first_epoch and step == first_step:
+                print(f"precision {ddpo.precision()}: logits in {logits.dtype}", flush=True)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

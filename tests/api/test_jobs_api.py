@@ -44,6 +44,9 @@ def test_submit_answers_201_with_the_stored_job(client: httpx.Client) -> None:
         ({"trainer": "../../bin/sh"}, "trainer"),
         ({"code": "import os"}, "code"),
         ({"name": "x" * 129}, "name"),
+        ({"performance": {"precision": "fp8"}}, "performance.precision"),
+        # fp16 needs a GPU: the message goes on "precision: fp16-mixed runs on GPUs".
+        ({"performance": {"precision": "fp16-mixed"}}, "performance"),
     ],
 )
 def test_invalid_specs_get_422_naming_the_field(
