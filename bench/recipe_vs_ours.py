@@ -14,7 +14,10 @@ with the others, and the training loops' ratio is printed.
 from __future__ import annotations
 
 import functools
+import os
 import statistics
+
+import torch
 
 from bench._runs import (
     alternate,
@@ -25,6 +28,7 @@ from bench._runs import (
     run_orchestrated,
     run_recipe,
 )
+from bench.floor import epoch_floor_s
 from ddpo.schemas import JobSpec, Topology
 
 
@@ -88,6 +92,16 @@ def main(argv: list[str] | None = None) -> None:
             f"{mean_train(runs, way):.1f} s against {mean_train(runs, 'recipe'):.1f} s; "
             f"test accuracy {100 * accuracy:.2f}%"
         )
+    # The floor, measured in this run: the model's FLOPs over this machine's
+    # sustained matmul rate, on the threads each rank gets (bench/floor.py).
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.processes))
+    floor, rate, _ = epoch_floor_s(args.batch_size, args.processes)
+    per_epoch = {p: mean_train(runs, ours(p)) / args.epochs for p in args.precisions}
+    print(
+        f"floor of an epoch's training loop: {floor:.2f} s ({rate / 1e9:.0f} GFLOP/s fp32 on "
+        f"{torch.get_num_threads()} thread(s)); "
+        + ", ".join(f"{p} at {per_epoch[p] / floor:.2f}x it" for p in args.precisions)
+    )
     if "fp32" in args.precisions:
         for precision in args.precisions:
             if precision != "fp32":
