@@ -148,7 +148,8 @@ def test_the_cli_lists_what_nodes_offer_and_submits_scripts_and_params(
 def test_a_scripts_ranks_see_no_node_secret(jobs: Jobs, cluster: LocalCluster) -> None:
     """Ranks run a job's code (and whatever it imports): their environment
     holds no DDPO_ variable of the daemon's (the join token enrols nodes),
-    and the node's credential file reads as empty to them."""
+    only the three ddpo sets for scripts, and the node's credential file
+    reads as empty to them."""
     credentials = [
         cluster.state_dir / worker.name / "runs.node-credential"
         for worker in cluster.worker_processes
@@ -161,7 +162,7 @@ def test_a_scripts_ranks_see_no_node_secret(jobs: Jobs, cluster: LocalCluster) -
     logs = jobs.client.get(f"/jobs/{job_id}/logs").raise_for_status().json()["lines"]
     said = [line["text"] for line in logs if line["rank"] == 0]
     assert "join token seen: False" in said, said
-    assert "DDPO variables: DDPO_CHECKPOINT_DIR, DDPO_RUN_DIR" in said, said
+    assert "DDPO variables: DDPO_CHECKPOINT_DIR, DDPO_PRECISION, DDPO_RUN_DIR" in said, said
     (part,) = job["parts"]
     own = cluster.state_dir / part["node_name"] / "runs.node-credential"
     if os.geteuid() == 0:  # CI: masked by a mount namespace (elsewhere, by its mode alone)
