@@ -27,7 +27,6 @@ RECIPE: dict[str, Any] = {
     "keep_freed_memory": False,
     "start_method": "spawn",
     "same_host_allreduce": "gloo",
-    "ddp_with_one_rank": True,
 }
 # Options that are off by default, switched on.
 OFF_BY_DEFAULT: dict[str, Any] = {"gradient_as_bucket_view": True}
