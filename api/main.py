@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import difflib
 import functools
+import gc
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, get_args
@@ -93,6 +94,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         load_keys(core)
         if removed := artifacts.clear_incoming(settings):
             log.info("removed %d partial upload(s) left by an earlier run", removed)
+        # What starting made (modules, the app, its routes and schemas) lives
+        # as long as the server: out of the collector's full passes, which
+        # otherwise walk all of it each time they stop the event loop.
+        gc.collect()
+        gc.freeze()
         sweeper = asyncio.create_task(_sweep_forever(core, instruments.tick, read_cache))
         log.info("serving with database %s", redacted(settings.database_url))
         try:

@@ -113,6 +113,8 @@ def measure(
                 "DDPO_HEARTBEAT_TIMEOUT_S": str(heartbeat_timeout_s),
                 "DDPO_POLL_WAIT_S": str(poll_wait_s),
                 "DDPO_MAX_CONNECTIONS": str(2 * nodes + 256),
+                # Every simulated node is on this host's loopback address.
+                "DDPO_CONNECTIONS_PER_ADDRESS": str(2 * nodes + 256),
                 "DDPO_LOG_LEVEL": "warning",
             },
         )
