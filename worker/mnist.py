@@ -251,11 +251,11 @@ def train_step(
     scaler: torch.amp.GradScaler | None = None,
 ) -> torch.Tensor:
     """One step; the forward pass and loss under ``autocast`` (the job's
-    precision), the loss scaled by ``scaler`` when fp16 needs one."""
+    precision), the loss scaled by ``scaler`` when it is enabled (fp16)."""
     optimizer.zero_grad()
     with autocast():
         loss = F.nll_loss(model(data), target)
-    if scaler is None:
+    if scaler is None or not scaler.is_enabled():
         loss.backward()
         optimizer.step()
     else:
@@ -308,7 +308,7 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
     if ctx.resume is not None:
         start = checkpoints.resume(ctx.resume, model, optimizer, ctx.world_size)
     pace = Pace.of(spec, data, ctx.world_size)
-    scaler = ctx.grad_scaler() if spec.performance.precision == "fp16-mixed" else None
+    scaler = ctx.grad_scaler()
 
     train_started = perf_counter()
     epoch_seconds: list[float] = []
@@ -366,7 +366,6 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
         epoch_seconds=[round(s, 3) for s in epoch_seconds],
         samples_per_sec=round(steps * pace.samples_per_batch / max(train_seconds, 1e-9), 1),
         threads_per_process=threads,
-        precision=spec.performance.precision,
     )
 
 
