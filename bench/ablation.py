@@ -28,8 +28,8 @@ RECIPE: dict[str, Any] = {
     "start_method": "spawn",
     "same_host_allreduce": "gloo",
 }
-# Options that are off by default, switched on.
-OFF_BY_DEFAULT: dict[str, Any] = {"gradient_as_bucket_view": True}
+# Options that are off by default, switched on, and earlier defaults.
+OTHERS: list[tuple[str, Any]] = [("gradient_as_bucket_view", True), ("dropout_masks", "uniform")]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     variants = {"all defaults": spec()}
-    for name, value in {**RECIPE, **OFF_BY_DEFAULT}.items():
+    for name, value in [*RECIPE.items(), *OTHERS]:
         variants[f"{name}={value}"] = spec(**{name: value})
     variants["recipe's way (all of the above)"] = spec(**RECIPE)
 

@@ -380,6 +380,11 @@ class Worker:
         if any(p.outbox.training_done for p in self.parts.values()):
             # A part about to end: report it (and free the node) promptly.
             wait = min(wait, FINISHING_CHECK_S)
+        for part in self.parts.values():
+            # Back when its training should end, not up to a wait after.
+            left = part.outbox.seconds_left()
+            if left is not None:
+                wait = min(wait, max(FINISHING_CHECK_S, left))
         return wait
 
     def _start(self, assignment: Assignment) -> None:

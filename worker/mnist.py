@@ -23,6 +23,7 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn, optim
@@ -39,6 +40,7 @@ from worker.trainers import Trainer
 MEAN, STD = 0.1302, 0.3069
 LOG_EVERY = 10
 TEST_BATCH_SIZE = 1000
+EVAL_CHUNK = 250
 FILES = (
     "train-images-idx3-ubyte",
     "train-labels-idx1-ubyte",
@@ -68,12 +70,14 @@ class Net(nn.Module):
         self.fc2 = nn.Linear(64, 10)
         self.p1, self.p2 = (0.10, 0.25) if dropout else (0.0, 0.0)
         self.pool_before_relu = pool_before_relu
-        self.uniform_masks = dropout_masks == "uniform"
+        self.dropout_masks = dropout_masks
 
     def _dropout(self, x: torch.Tensor, p: float) -> torch.Tensor:
         if not self.training or p == 0.0:
             return x
-        if self.uniform_masks:
+        if self.dropout_masks == "pcg64" and x.device.type == "cpu":
+            return x * _pcg64_keep(x.shape, p) * (1.0 / (1.0 - p))
+        if self.dropout_masks != "bernoulli":  # uniform, and pcg64 off the CPU
             # P(U >= p) = 1 - p: the Bernoulli(1 - p) mask F.dropout draws,
             # from a uniform fill that is about twice as fast on CPU.
             # Drawn in fp32 whatever x's dtype: under bf16-mixed, bfloat16
@@ -92,10 +96,51 @@ class Net(nn.Module):
         # NCHW whatever the memory format: fc1 expects the recipe's flatten
         # order, and dropout draws its mask in memory order, so on NCHW it
         # masks the same elements the recipe's does.
-        x = self._dropout(x.contiguous(), self.p1)
+        x = self._dropout(_nchw(x), self.p1)
         x = torch.flatten(x, 1)
         x = self._dropout(F.relu(self.fc1(x)), self.p2)
         return F.log_softmax(self.fc2(x), dim=1)
+
+
+class _ToNCHW(torch.autograd.Function):
+    """``x.contiguous()`` whose gradient comes back in ``x``'s own memory
+    format. Plain ``contiguous()`` passes the NCHW gradient back as it is,
+    and ReLU's and max-pool's backward on a channels-last input then run
+    their slow mixed-layout paths (1.2 ms a step here against 0.14 for
+    ReLU's). The same values either way: only the layout differs."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.channels_last = x.is_contiguous(memory_format=torch.channels_last)
+        return x.contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        if ctx.channels_last:
+            return grad.contiguous(memory_format=torch.channels_last)
+        return grad
+
+
+def _nchw(x: torch.Tensor) -> torch.Tensor:
+    if x.is_contiguous() or not torch.is_grad_enabled():
+        return x.contiguous()
+    out: torch.Tensor = _ToNCHW.apply(x)
+    return out
+
+
+def _pcg64_keep(shape: torch.Size, p: float) -> torch.Tensor:
+    """A Bernoulli(1 - p) mask: keep where a uniform 32-bit word is at
+    least p * 2**32. The words come from NumPy's PCG64, about twice as fast
+    as torch's CPU generator (Mersenne Twister) draws floats for uniform_:
+    0.63 against 1.46 ms for this model's first mask. It is seeded from
+    torch's generator each time, so torch.manual_seed fixes the masks and a
+    checkpoint's generator state resumes them."""
+    count = shape.numel()
+    seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item())
+    words = np.random.PCG64(seed).random_raw(-(-count // 2))  # two 32-bit words each
+    signed = torch.from_numpy(words).view(torch.int32)[:count].view(shape)
+    # Compared as signed words: [0, 2**32) shifted down by 2**31.
+    return signed >= round(p * 2**32) - 2**31
 
 
 def build_model(spec: JobSpec, device: torch.device, *, dropout: bool = True) -> nn.Module:
@@ -478,12 +523,25 @@ def evaluate(
     with torch.no_grad():
         for data, target in batches:
             data, target = data.to(device), target.to(device)
-            if spec.performance.channels_last:
-                data = data.contiguous(memory_format=torch.channels_last)
-            output = model(data)
+            output = _forward_in_chunks(model, data, spec.performance.channels_last)
             total_loss += F.nll_loss(output.float(), target, reduction="sum").item()
             correct += int((output.argmax(dim=1) == target).sum().item())
     return total_loss / total, correct / total
+
+
+def _forward_in_chunks(model: nn.Module, data: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """The model's output for a test batch, computed EVAL_CHUNK images at a
+    time: each image's output is the same bit for bit whatever the batch
+    (per-image convolutions), and the losses are still summed over the
+    recipe's batches of 1000; smaller pieces stay in cache (a 1000-image
+    batch's conv2 output alone is 74 MB): 0.26-0.30 s for the test set
+    against 0.55-0.83 here."""
+    outputs = []
+    for chunk in data.split(EVAL_CHUNK):
+        if channels_last:
+            chunk = chunk.contiguous(memory_format=torch.channels_last)
+        outputs.append(model(chunk))
+    return torch.cat(outputs)
 
 
 # The recipe's maths changes only with this project's releases.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from ddpo import store
@@ -36,6 +37,8 @@ class Outbox:
         self.unsent_logs: list[LogLine] = []
         self.unsent_progress: list[ProgressReport] = []
         self.last_progress: ProgressReport | None = None
+        # The report before it, for the pace (seconds_left).
+        self._earlier_progress: ProgressReport | None = None
         # Where the newest checkpoint the server has was taken (Saved.order).
         self.uploaded: tuple[int, int] | None = None
         # Being written to the artifact store (a cut write goes on from where
@@ -58,6 +61,27 @@ class Outbox:
             and last.batch == last.batches_per_epoch
         )
 
+    def seconds_left(self) -> float | None:
+        """Training time left, by the pace of rank 0's last two reports and
+        the time since the last; None before there are two. Lets the daemon
+        be back for the part's end rather than a whole report interval
+        after it."""
+        earlier, last = self._earlier_progress, self.last_progress
+        if earlier is None or last is None:
+            return None
+        per_epoch = last.batches_per_epoch
+        epochs = last.epochs or self.assignment.spec.epochs
+
+        def done(report: ProgressReport) -> int:
+            return (report.epoch - 1) * report.batches_per_epoch + report.batch
+
+        seconds = (last.at - earlier.at).total_seconds()
+        batches = done(last) - done(earlier)
+        if batches <= 0 or seconds <= 0:
+            return None
+        left = max(0, epochs * per_epoch - done(last)) * seconds / batches
+        return left - (datetime.now(timezone.utc) - last.at).total_seconds()
+
     def deliver(self, courier: Courier, node_id: int, finish: PartFinished | None) -> bool:
         """Send what the part has written since, in order, then ``finish``
         (the part has exited: None while it runs). True once the finish is
@@ -71,6 +95,7 @@ class Outbox:
         new = self._progress.read_new()
         if new:
             self.unsent_progress.extend(new)
+            self._earlier_progress = new[-2] if len(new) > 1 else self.last_progress
             self.last_progress = new[-1]
         if not self._ship_progress(courier, node_id):
             return False

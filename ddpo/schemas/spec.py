@@ -126,10 +126,12 @@ class Performance(Strict):
         description="max-pool then ReLU: the same values and gradients as ReLU then "
         "max-pool, on 4x fewer elements",
     )
-    dropout_masks: Literal["uniform", "bernoulli"] = Field(
-        "uniform",
-        description="uniform: keep where U[0,1) >= p (the same Bernoulli(1-p) masks, "
-        "drawn faster than torch's bernoulli_)",
+    dropout_masks: Literal["pcg64", "uniform", "bernoulli"] = Field(
+        "pcg64",
+        description="pcg64: keep where a 32-bit word from NumPy's PCG64 (seeded from torch's "
+        "generator) is >= p * 2**32; uniform: keep where U[0,1) >= p; both the same "
+        "Bernoulli(1-p) masks as bernoulli (torch's F.dropout), drawn faster (pcg64 on the "
+        "CPU; on a GPU it draws as uniform)",
     )
     keep_freed_memory: bool = Field(
         True,

@@ -9,6 +9,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, cast
 
@@ -73,6 +74,7 @@ class FakeServer:
         self.responses: list[PollResponse] = []
         self.down: set[str] = set()
         self.refuse: set[str] = set()
+        self.waits: list[float] = []
 
     def _call(self, name: str, what: Any) -> None:
         if name in self.down:
@@ -103,6 +105,7 @@ class FakeServer:
         asked_to_stop: list[int] | None = None,
     ) -> PollResponse:
         self._call("poll", (active, waiting_for_port))
+        self.waits.append(wait_s)
         self.asked_to_stop = asked_to_stop or []
         return self.responses.pop(0) if self.responses else PollResponse(start=[], stop=[])
 
@@ -412,3 +415,38 @@ def test_a_poll_the_server_holds_counts_as_contact_and_a_failed_one_does_not(
     server.down.add("poll")
     worker.step()
     assert worker._polled_at() == answered  # the failed poll is no contact
+
+
+def test_a_training_part_is_polled_for_by_the_time_its_training_should_end(
+    worker: Worker, server: FakeServer, launcher: Launcher
+) -> None:
+    """The daemon holds its poll for a report interval while a part trains,
+    but comes back when rank 0's pace says training ends: the part's end
+    is then reported at once, not up to an interval later."""
+    server.responses.append(PollResponse(start=[assignment()], stop=[]))
+    worker.step()
+    runfiles.write_rendezvous(run_dir(launcher), 29500)  # the launcher is up
+    interval = worker.settings.report_interval_s
+    now = datetime.now(timezone.utc)
+
+    def report(seq: int, batch: int, at: datetime) -> None:
+        line = ProgressReport(seq=seq, epoch=1, batch=batch, batches_per_epoch=100, loss=0.1, at=at)
+        with open(run_dir(launcher) / runfiles.PROGRESS, "a", encoding="utf-8") as out:
+            out.write(line.model_dump_json() + "\n")
+
+    # Ten batches a second, 50 of 100 done: five seconds to go.
+    report(0, 40, now - timedelta(seconds=1))
+    report(1, 50, now)
+    worker.step()
+    assert server.waits[-1] == interval
+    # 86 then 96 done a second apart: 0.4 s to go, less the time since.
+    now = datetime.now(timezone.utc)
+    report(2, 86, now - timedelta(seconds=1))
+    report(3, 96, now)
+    worker.step()
+    assert 0.1 <= server.waits[-1] <= 0.4
+    # Late by its own pace: back at once, then every FINISHING_CHECK_S.
+    report(4, 88, now - timedelta(seconds=2))
+    report(5, 98, now - timedelta(seconds=1))
+    worker.step()
+    assert server.waits[-1] == 0.1

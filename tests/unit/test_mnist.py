@@ -91,16 +91,38 @@ def test_channels_last_gives_the_same_values_and_gradients(
     )
 
 
-@pytest.mark.parametrize("masks", ["uniform", "bernoulli"])
+@pytest.mark.parametrize("masks", ["pcg64", "uniform", "bernoulli"])
 def test_dropout_masks_keep_one_minus_p_and_preserve_the_mean(masks: str) -> None:
     model = Net(dropout_masks=masks).train()
     x = torch.ones(1000, 1000)
     for p in (0.10, 0.25):
         out = model._dropout(x, p)
-        kept = (out != 0).float().mean().item()
+        kept = out != 0
         # 1e6 draws: the standard error of the kept fraction is below 5e-4.
-        assert kept == pytest.approx(1 - p, abs=3e-3)
+        assert kept.float().mean().item() == pytest.approx(1 - p, abs=3e-3)
+        # Independent draws: neighbours (two halves of one 64-bit word for
+        # pcg64) are both kept with probability (1 - p)^2.
+        both = (kept[:, 0::2] & kept[:, 1::2]).float().mean().item()
+        assert both == pytest.approx((1 - p) ** 2, abs=4e-3)
         assert out.mean().item() == pytest.approx(1.0, abs=5e-3)
         values = out.unique().tolist()
         assert values[0] == 0.0 and values[1:] == [pytest.approx(1 / (1 - p))]
     assert torch.equal(model.eval()._dropout(x, 0.25), x)
+
+
+@pytest.mark.parametrize("masks", ["pcg64", "uniform"])
+def test_dropout_masks_follow_torchs_generator(masks: str) -> None:
+    """torch.manual_seed fixes the masks, and restoring the generator's
+    state (what a checkpoint holds) draws the same masks again: a resumed
+    run drops what a run never stopped drops."""
+    model = Net(dropout_masks=masks).train()
+    x = torch.ones(64, 32, 12, 12)
+    torch.manual_seed(7)
+    first = model._dropout(x, 0.10)
+    state = torch.get_rng_state()
+    second = model._dropout(x, 0.10)
+    assert not torch.equal(first, second)
+    torch.manual_seed(7)
+    assert torch.equal(model._dropout(x, 0.10), first)
+    torch.set_rng_state(state)
+    assert torch.equal(model._dropout(x, 0.10), second)
