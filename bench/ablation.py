@@ -27,6 +27,7 @@ RECIPE: dict[str, Any] = {
     "keep_freed_memory": False,
     "start_method": "spawn",
     "same_host_allreduce": "gloo",
+    "ddp_with_one_rank": True,
 }
 # Options that are off by default, switched on, and earlier defaults.
 OTHERS: list[tuple[str, Any]] = [("gradient_as_bucket_view", True), ("dropout_masks", "uniform")]

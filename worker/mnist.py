@@ -310,14 +310,23 @@ def train_step(
     return loss.detach()
 
 
-def wrap_ddp(model: nn.Module, spec: JobSpec, ctx: TrainContext) -> DistributedDataParallel:
+def wrap_ddp(model: nn.Module, spec: JobSpec, ctx: TrainContext) -> nn.Module:
+    """The module the loop trains: DDP over the job's ranks, with the
+    faster same-host average when it applies. A job of one rank trains
+    the module itself unless ``performance.ddp_with_one_rank``: DDP's
+    average over one rank is each gradient as it is, and its bucket copies
+    and hooks are all it would add."""
     perf = spec.performance
-    return DistributedDataParallel(
+    if ctx.world_size == 1 and not perf.ddp_with_one_rank:
+        return model
+    ddp = DistributedDataParallel(
         model,
         device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
         gradient_as_bucket_view=perf.gradient_as_bucket_view,
         bucket_cap_mb=perf.bucket_cap_mb,
     )
+    ctx.attach_comm_hook(ddp)
+    return ddp
 
 
 @dataclass(frozen=True)
@@ -345,9 +354,8 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
     torch.manual_seed(spec.seed)
     data = train_data(spec, ctx.data_dir, ctx.rank, ctx.world_size, ctx.device)
     model = build_model(spec, ctx.device, dropout=dropout)
-    ddp = wrap_ddp(model, spec, ctx)
-    ctx.attach_comm_hook(ddp)
-    optimizer = optim.Adadelta(ddp.parameters(), lr=spec.lr)
+    wrapped = wrap_ddp(model, spec, ctx)
+    optimizer = optim.Adadelta(model.parameters(), lr=spec.lr)
 
     start = checkpoints.ResumePoint(1, 0, 0.0)
     if ctx.resume is not None:
@@ -363,7 +371,8 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
         within = start if epoch == start.epoch else checkpoints.ResumePoint(epoch, 0, 0.0)
         trained = train_epoch(
             ctx,
-            ddp,
+            model,
+            wrapped,
             optimizer,
             data.epoch(epoch, ctx.device, skip=within.batches_done),
             epoch,
@@ -426,7 +435,8 @@ class Trained:
 
 def train_epoch(
     ctx: TrainContext,
-    ddp: DistributedDataParallel,
+    model: nn.Module,
+    wrapped: nn.Module,
     optimizer: optim.Optimizer,
     batches: Iterator[Batch],
     epoch: int,
@@ -436,8 +446,9 @@ def train_epoch(
 ) -> Trained:
     """One epoch, or its rest after ``start`` (rank 0 prints and reports
     every LOG_EVERY batches); it stops early, after a step every rank
-    agrees on, when the job is asked to stop (ctx.should_stop)."""
-    ddp.train()
+    agrees on, when the job is asked to stop (ctx.should_stop). ``wrapped``
+    is the module trained (``model`` in DDP, or itself: wrap_ddp)."""
+    wrapped.train()
     channels_last = ctx.spec.performance.channels_last
     first = start.batches_done
     window_started, window_done = perf_counter(), first
@@ -452,7 +463,7 @@ def train_epoch(
             break
         if channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        loss = train_step(ddp, optimizer, images, target, ctx.autocast, scaler)
+        loss = train_step(wrapped, optimizer, images, target, ctx.autocast, scaler)
         epoch_loss += loss
         done = batch_idx + 1
         if ctx.is_master and (batch_idx % LOG_EVERY == 0 or done == pace.batches_per_epoch):
@@ -465,7 +476,7 @@ def train_epoch(
             continue
         if every is not None and done % every == 0 and ctx.is_master:
             ctx.checkpoint(
-                model=ddp.module,
+                model=model,
                 optimizer=optimizer,
                 epoch=epoch,
                 step=(epoch - 1) * pace.batches_per_epoch + done,

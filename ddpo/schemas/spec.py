@@ -146,6 +146,12 @@ class Performance(Strict):
         description="How ranks of a one-machine gloo job average gradients: through shared "
         "memory (the same average, without TCP) or gloo's TCP all-reduce",
     )
+    ddp_with_one_rank: bool = Field(
+        False,
+        description="Wrap a job of one rank in DistributedDataParallel as the recipe does; "
+        "false: train the module itself (DDP's average over one rank is each gradient as "
+        "it is: the same maths, without its bucket copies)",
+    )
     gradient_as_bucket_view: bool = Field(
         False, description="DDP option (no measurable gain here, see BENCHMARKS.md)"
     )

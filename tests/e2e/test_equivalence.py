@@ -55,7 +55,18 @@ def test_two_processes_of_64_train_what_one_of_128_trains(jobs: Jobs) -> None:
         **common,
     )
     across = jobs.submit(machines=2, processes=1, batch_size=64, **common)
+    in_ddp = jobs.submit(
+        machines=1,
+        processes=1,
+        batch_size=128,
+        performance={"ddp_with_one_rank": True},
+        **common,
+    )
     reference = final_model(jobs, one)
+    # One rank trains its module without DDP by default: DDP's average over
+    # one rank is each gradient as it is, so the weights are the very same.
+    wrapped = final_model(jobs, in_ddp)
+    assert all(torch.equal(reference[n], wrapped[n]) for n in reference)
     assert_same(reference, final_model(jobs, two))  # gradients averaged in shared memory
     assert_same(reference, final_model(jobs, over_gloo))
     assert_same(reference, final_model(jobs, across))
