@@ -29,9 +29,10 @@ import asyncio
 import json
 import logging
 import resource
+import weakref
 from typing import Any, ClassVar
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from api.settings import ServerSettings
 
@@ -172,18 +173,27 @@ class GuardedHttpTools(HttpToolsProtocol):
             return
         self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_stalled)
         self._body_started, self._body_bytes = self.loop.time(), 0
-        answer = cycle.send
+        # The wrapper below is kept on the cycle itself, so it holds the
+        # cycle weakly and its send unbound: a closure over the cycle would
+        # make a reference loop that outlives the request until the garbage
+        # collector's full pass, whose pauses (tens of ms at a thousand
+        # held polls) were the slow tail of polls (BENCHMARKS.md).
+        this = weakref.ref(cycle)
+        answer = RequestResponseCycle.send
 
         async def send(message: Any) -> None:
             # This request's cycle, not ``self.cycle``: the client may have
             # sent its next request before this answer's last (empty) part.
-            if cycle.more_body:
+            current = this()
+            if current is None:
+                return  # nobody holds the request any more: nothing to answer
+            if current.more_body:
                 # Answered before its body arrived (a 401, 403, 413): the
                 # connection ends with this answer (uvicorn says so and
                 # closes it once sent) rather than read the rest for as
                 # long as a slow client likes.
-                cycle.keep_alive = False
-            await answer(message)
+                current.keep_alive = False
+            await answer(current, message)
 
         cycle.send = send  # type: ignore[method-assign]
 
