@@ -4,6 +4,8 @@ sharing the database.
 
     python -m bench.control_plane --nodes 1000 5000 \\
         --postgres-url postgresql+psycopg://postgres@127.0.0.1:5432/postgres
+    python -m bench.control_plane --nodes 5000 --cases postgresql:2 \\
+        --postgres-url postgresql+psycopg://postgres@127.0.0.1:5432/postgres
 
 For each case, in one run: registrations a second (32 at a time); with
 every node idle (long-polling and beating), the servers' CPU per 1,000
@@ -241,10 +243,18 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=20.0, help="idle seconds measured")
     parser.add_argument("--heartbeat-timeout", type=float, default=30.0)
     parser.add_argument("--poll-wait", type=float, default=10.0)
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        choices=["sqlite", "postgresql:1", "postgresql:2"],
+        help="which cases (default: SQLite, and both PostgreSQL ones with --postgres-url)",
+    )
     args = parser.parse_args()
-    cases = [Case("sqlite", 1)]
-    if args.postgres_url:
-        cases += [Case("postgresql", 1), Case("postgresql", 2)]
+    both = ["postgresql:1", "postgresql:2"] if args.postgres_url else []
+    names = args.cases or ["sqlite", *both]
+    cases = [Case(n.split(":")[0], int(n.split(":")[1]) if ":" in n else 1) for n in names]
+    if any(case.database == "postgresql" for case in cases) and not args.postgres_url:
+        parser.error("the PostgreSQL cases need --postgres-url")
     rows = []
     for nodes in args.nodes:
         for case in cases:
