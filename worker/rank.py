@@ -59,7 +59,7 @@ def run_rank(
             # Every rank stopped at the agreed step: the part stopped as asked.
             runfiles.write_stopped(config.run_dir)
         elif rank == 0 and result is not None:
-            if result.precision is None:  # every trainer's result says it, unless it did
+            if result.precision is None:  # the trainer did not say: the spec's
                 result = result.model_copy(update={"precision": spec.performance.precision})
             runfiles.write_result(config.run_dir, result)
     except BaseException:

@@ -32,7 +32,7 @@ from ddpo.schemas import (
 )
 from worker import runfiles
 from worker.client import Refused, ServerClient, ServerUnavailable
-from worker.daemon import Worker
+from worker.daemon import FINISHING_CHECK_S, Worker
 from worker.part import PART_TRANSITIONS, PartProcess, PartState, move, run_dir_for
 from worker.settings import WorkerSettings
 
@@ -444,9 +444,9 @@ def test_a_training_part_is_polled_for_by_the_time_its_training_should_end(
     report(2, 86, now - timedelta(seconds=1))
     report(3, 96, now)
     worker.step()
-    assert 0.1 <= server.waits[-1] <= 0.4
+    assert FINISHING_CHECK_S <= server.waits[-1] <= 0.4
     # Late by its own pace: back at once, then every FINISHING_CHECK_S.
     report(4, 88, now - timedelta(seconds=2))
     report(5, 98, now - timedelta(seconds=1))
     worker.step()
-    assert server.waits[-1] == 0.1
+    assert server.waits[-1] == FINISHING_CHECK_S
