@@ -421,7 +421,10 @@ def test_the_sweep_page_shows_every_trial_the_best_and_a_line_per_succeeded_tria
     assert cluster.tokens is not None
     body = {
         "name": f"sweep-{uuid.uuid4().hex[:8]}",
-        "spec": {"epochs": 2, "max_steps_per_epoch": 30, "batch_size": 64},
+        # Trials long enough (300 steps, a few seconds) for the pruner to
+        # hear one's reports and stop it: 60 steps ended before a node's
+        # first report reached the server once the loop got faster.
+        "spec": {"epochs": 2, "max_steps_per_epoch": 150, "batch_size": 64},
         "space": {
             "lr": {"type": "float", "low": 0.01, "high": 5, "log": True},
             "seed": {"type": "categorical", "choices": [1, 2]},
