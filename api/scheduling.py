@@ -8,7 +8,7 @@ transaction, so a job is either placed on all of its machines or on none.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
@@ -150,6 +150,22 @@ def place_gang(spec: JobSpec, nodes: Sequence[NodeCapacity]) -> Placement | Pend
     return Placement(tuple(n.node_id for n in chosen))
 
 
+def could_start(spec: JobSpec, nodes: Iterable[NodeCapacity]) -> bool:
+    """Whether ``place_gang`` would place ``spec`` on ``nodes`` now, asked
+    of as few nodes as it takes: in a cluster with room, the first few
+    (rather than a pass over thousands for each submit)."""
+    if spec.script is not None and spec.script.sha256 is None:
+        # Which nodes count depends on the content most of them have.
+        return isinstance(place_gang(spec, list(nodes)), Placement)
+    needed = spec.topology.num_machines
+    for node in nodes:
+        if node.free_slots > 0 and _suits(node, spec):
+            needed -= 1
+            if needed == 0:
+                return True
+    return False
+
+
 def free_suitable(
     spec: JobSpec, nodes: Sequence[NodeCapacity], excluding: Collection[int] = ()
 ) -> list[NodeCapacity]:
@@ -172,15 +188,16 @@ def plan(
     decisions: dict[int, Placement | Pending] = {}
     head: int | None = None
     for job_id, spec in queue:
-        suitable = _suitable_and_free(spec, current)[0]
-        if head is not None and len(suitable) >= spec.topology.num_machines:
-            decisions[job_id] = Pending(
-                PendingCode.QUEUED_BEHIND,
-                f"queued behind job {head}",
-                behind_job=head,
-                **_counts(spec, current, *_suitable_and_free(spec, current)),
-            )
-            continue
+        if head is not None:
+            suitable, free = _suitable_and_free(spec, current)
+            if len(suitable) >= spec.topology.num_machines:
+                decisions[job_id] = Pending(
+                    PendingCode.QUEUED_BEHIND,
+                    f"queued behind job {head}",
+                    behind_job=head,
+                    **_counts(spec, current, suitable, free),
+                )
+                continue
         decision = place_gang(spec, current)
         if isinstance(decision, Placement):
             for node_id in decision.node_ids:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, delete, func, or_, update
+from sqlalchemy import JSON, Select, delete, func, or_, type_coerce, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -332,16 +332,25 @@ class RunningAttempt:
 
 
 def running_attempts(
-    *, session: Session, below_priority: int | None = None, stopping: bool = False
+    *,
+    session: Session,
+    below_priority: int | None = None,
+    stopping: bool = False,
+    elastic: bool = False,
 ) -> list[RunningAttempt]:
     """Running jobs with their current attempts: of a priority below
-    ``below_priority`` (those a job of it may preempt), or only those
-    asked to stop at a step (``stopping``)."""
+    ``below_priority`` (those a job of it may preempt), only those asked
+    to stop at a step (``stopping``), or only elastic ones (``elastic``)."""
     statement = (
         select(Job, Attempt)
         .join(Attempt, col(Attempt.id) == col(Job.current_attempt_id))
         .where(Job.status == JobStatus.RUNNING)
     )
+    if elastic:
+        # Told apart in the database: decoding every running job's spec to
+        # find the few elastic ones took most of a busy placement's time.
+        max_machines = type_coerce(col(Job.spec), JSON)["topology"]["max_machines"]
+        statement = statement.where(max_machines.as_string().is_not(None))
     if below_priority is not None:
         statement = statement.where(col(Job.priority) < below_priority)
     if stopping:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -144,6 +145,53 @@ class Uploads:
             self._bytes.pop(part_id, None)
 
 
+class Coalesced:
+    """Work that one run does for everyone who asked before it began (the
+    queue's plan): while a run is in progress, those who ask meanwhile wait
+    and the next run covers them all. Under a burst of submits and reports,
+    one plan places the jobs of many, rather than a plan each, every one of
+    them a pass over the queue and every node under the write lock."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._asked = 0  # tickets handed out
+        self._covered = 0  # the last ticket a finished run was asked for
+        self._running = False
+        self._waiting = 0
+
+    @property
+    def waiting(self) -> int:
+        """Callers waiting for a run to end."""
+        with self._changed:
+            return self._waiting
+
+    def run(self, work: Callable[[], None]) -> None:
+        """Returns once a run of ``work`` that began after this call has
+        ended: this thread's, or another's that took its ticket too.
+        ``work`` raising ends that run for all it covered (and raises here
+        only in the thread that ran it)."""
+        with self._changed:
+            self._asked += 1
+            ticket = self._asked
+            while self._covered < ticket:
+                if not self._running:
+                    self._running = True
+                    covers = self._asked
+                    break
+                self._waiting += 1
+                self._changed.wait()
+                self._waiting -= 1
+            else:
+                return
+        try:
+            work()
+        finally:
+            with self._changed:
+                self._running = False
+                self._covered = covers
+                self._changed.notify_all()
+
+
 @dataclass
 class PlanMemo:
     """What the tick's last plan was made from: the write counts of the
@@ -169,6 +217,7 @@ class Core:
     joins: JoinRate = field(init=False)
     log_rate: LogRate = field(init=False)
     plan_memo: PlanMemo = field(default_factory=PlanMemo)
+    plans: Coalesced = field(default_factory=Coalesced)
     uploads: Uploads = field(default_factory=Uploads)
     # Where reports are written on (TensorBoard, MLflow): api/main.py sets
     # this server's; none by default.

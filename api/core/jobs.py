@@ -11,7 +11,7 @@ from api.core import lookup, offers
 from api.core.context import Core
 from api.core.errors import Conflict, NotFound, TooMany
 from api.core.people import Actor, check_may_steer, record
-from api.core.placement import schedule, schedule_submitted
+from api.core.placement import needs_a_plan, plan_queue, schedule
 from api.core.settlement import cancel
 from db import queries
 from db.models import utcnow
@@ -65,9 +65,13 @@ def submit_job(
         )
         assert job.id is not None
         record(session, actor, AuditAction.JOB_SUBMIT, f"job {job.id}", name=spec.name)
-        schedule_submitted(session, job, core.settings)
+        plan = needs_a_plan(session, job, core.settings)
         log.info("job %d submitted: %s", job.id, spec.model_dump_json())
-        return job.id, True
+        job_id = job.id
+    if plan:
+        # Answered once planned, so the answer says whether the job started.
+        plan_queue(core)
+    return job_id, True
 
 
 def check_room_in_the_queue(core: Core, session: Session, actor: Actor, adding: int) -> None:

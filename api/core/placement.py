@@ -6,18 +6,27 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from sqlmodel import Session
 
 from api import elastic
+from api.core.context import Core
 from api.core.people import Actor, record
 from api.core.settlement import set_job_status
 from api.core.stops import ask_to_stop
 from api.preemption import RunningJob, freed, victims_for
-from api.scheduling import NodeCapacity, Pending, Placement, free_suitable, place_gang, plan
+from api.scheduling import (
+    NodeCapacity,
+    Pending,
+    Placement,
+    could_start,
+    free_suitable,
+    place_gang,
+    plan,
+)
 from api.settings import ServerSettings
 from db import queries
 from db.engine import memoized
@@ -98,22 +107,25 @@ def grow_elastic(
     again on more machines, when free nodes are spare: left free by this
     plan and needed by no queued job of their priority or a higher one.
     Returns when a job held back only by the resize interval may grow."""
-    nodes = survey.nodes if survey.nodes is not None else free_capacity(session)
-    taken = Counter(
-        node_id
-        for decision in survey.decisions.values()
-        if isinstance(decision, Placement)
-        for node_id in decision.node_ids
-    )
-    nodes = [replace(n, free_slots=n.free_slots - taken[n.node_id]) for n in nodes]
-    if not any(n.free_slots > 0 for n in nodes):
-        return None
+    # Asked first, of the database: most clusters run no elastic job, and
+    # the nodes' free slots cost a pass over every node.
     growable = [
         r
-        for r in queries.running_attempts(session=session)
-        if r.job.spec.topology.elastic and r.attempt.stop_reason is None
+        for r in queries.running_attempts(session=session, elastic=True)
+        if r.attempt.stop_reason is None
     ]
     if not growable:
+        return None
+    nodes = _less_taken(
+        survey.nodes if survey.nodes is not None else free_capacity(session),
+        Counter(
+            node_id
+            for decision in survey.decisions.values()
+            if isinstance(decision, Placement)
+            for node_id in decision.node_ids
+        ),
+    )
+    if not any(n.free_slots > 0 for n in nodes):
         return None
     queued = {q.id: q for q in survey.jobs}
     waiting = [
@@ -140,9 +152,19 @@ def grow_elastic(
         detail = f"{running} -> {target}"
         if ask_to_stop(session, r.job, StopReason.RESIZED, detail, now, settings):
             log.info("job %d grows (%s machines): it stops at a step first", r.job.id, detail)
-            grown = {n.node_id for n in free[: target - running]}
-            nodes = [replace(n, free_slots=n.free_slots - (n.node_id in grown)) for n in nodes]
+            nodes = _less_taken(nodes, Counter(n.node_id for n in free[: target - running]))
     return due
+
+
+def _less_taken(nodes: list[NodeCapacity], taken: Counter[int]) -> list[NodeCapacity]:
+    """``nodes`` less the slots ``taken`` (node id -> slots): only those
+    copied, of thousands."""
+    if not taken:
+        return nodes
+    return [
+        replace(n, free_slots=n.free_slots - taken[n.node_id]) if n.node_id in taken else n
+        for n in nodes
+    ]
 
 
 def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
@@ -263,21 +285,41 @@ def _coming_of_age(
     return min(later) if later else None
 
 
-def schedule_submitted(session: Session, job: Job, settings: ServerSettings) -> None:
-    """Placement after ``job`` joined the queue. Nothing else has changed
-    since the queue was last planned (whatever frees a slot or brings a
-    node plans it again), so a job that could not start even at the head of
-    the line takes nothing from anyone, and the others' plan stands: only a
-    job that could start now needs the whole queue planned, to see whether
-    it or one before it starts. A submit into a busy cluster costs the same
-    with a thousand jobs queued as with none."""
-    decision = place_gang(job.spec, free_capacity(session))
-    if isinstance(decision, Placement) or (
+def needs_a_plan(session: Session, job: Job, settings: ServerSettings) -> bool:
+    """Whether the queue needs planning now that ``job`` has joined it
+    (then :func:`plan_queue` once this write has committed); if not, the
+    job's reason is set here. Nothing else has changed since the queue was
+    last planned (whatever frees a slot or brings a node plans it again),
+    so a job that could not start even at the head of the line takes
+    nothing from anyone, and the others' plan stands: only a job that could
+    start now needs the whole queue planned, to see whether it or one
+    before it starts. A submit into a busy cluster costs the same with a
+    thousand jobs queued as with none."""
+    if could_start(job.spec, _free_nodes(session)) or (
         settings.preemption and _may_preempt(session, job.priority)
     ):
-        schedule(session, settings)
-    else:
-        job.pending_reason = decision.reason
+        return True
+    decision = place_gang(job.spec, free_capacity(session))
+    assert isinstance(decision, Pending)
+    job.pending_reason = decision.reason
+    return False
+
+
+def plan_queue(core: Core) -> None:
+    """Plan the queue in a write of its own, after the caller's committed.
+    Callers at the same time share one plan (Core.plans): a burst of
+    submits and reports is placed in a few transactions, not one each. A
+    plan that fails is logged, not raised: what the caller wrote stands,
+    and the clock's next tick plans again (the tables it reads changed)."""
+
+    def plan_in_a_write() -> None:
+        with core.db.write() as session:
+            schedule(session, core.settings)
+
+    try:
+        core.plans.run(plan_in_a_write)
+    except Exception:
+        log.exception("planning the queue failed; the clock's next tick plans it again")
 
 
 def _may_preempt(session: Session, priority: int) -> bool:
@@ -363,13 +405,18 @@ def survey_queue(session: Session, jobs: list[QueuedJob], now: datetime) -> Queu
 
 def free_capacity(session: Session) -> list[NodeCapacity]:
     """Every live node, with the slots its active parts leave free."""
+    return list(_free_nodes(session))
+
+
+def _free_nodes(session: Session) -> Iterator[NodeCapacity]:
+    """free_capacity's nodes one by one: made only as far as they are read."""
     busy = queries.active_part_counts(session=session)
-    return [
-        replace(node, free_slots=node.free_slots - busy[node.node_id])
-        if node.node_id in busy
-        else node
-        for node in memoized(session, "live_nodes", (Node,), lambda: _live_nodes(session))
-    ]
+    for node in memoized(session, "live_nodes", (Node,), lambda: _live_nodes(session)):
+        yield (
+            replace(node, free_slots=node.free_slots - busy[node.node_id])
+            if node.node_id in busy
+            else node
+        )
 
 
 def _live_nodes(session: Session) -> list[NodeCapacity]:

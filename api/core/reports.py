@@ -13,7 +13,7 @@ from sqlmodel import Session
 from api.core import lookup, sweeps
 from api.core.context import Core
 from api.core.errors import Conflict, Forbidden, TooMany
-from api.core.placement import schedule
+from api.core.placement import plan_queue
 from api.core.settlement import explain_given_up_attempt, may_explain, settle
 from db import queries
 from db.models import LAUNCHER_RANK, Job, LogRow, Part, ProgressRow, utcnow
@@ -203,12 +203,24 @@ def finish_part(core: Core, part_id: int, report: PartFinished) -> bool:
     """A node's processes for this part have exited; settle the job."""
     core.sightings.saw(report.node_id)
     now = utcnow()
+    settled = _settle_finished(core, part_id, report, now)
+    if settled is not None:
+        # A slot is free now (and the job may retry): planned once the
+        # report has committed, with whatever else arrived meanwhile.
+        plan_queue(core)
+    return bool(settled)
+
+
+def _settle_finished(core: Core, part_id: int, report: PartFinished, now: datetime) -> bool | None:
+    """finish_part's write: True if the part's job was settled, False if
+    it was an older attempt's part (its slot is free), None if the report
+    changed nothing."""
     with core.db.write() as session:
         part = lookup.owned_part(session, part_id, report.node_id)
         if report.result is not None:
             _speaks_for_the_job(part, "a job's result")
         if part.status.is_terminal():
-            return False  # already settled: a resend, or the node was lost meanwhile
+            return None  # already settled: a resend, or the node was lost meanwhile
         ended = PartStatus(report.status)
         if part.status is PartStatus.ASSIGNED and ended is not PartStatus.CANCELLED:
             # Its "started" report was lost on the way; it did run.
@@ -229,7 +241,6 @@ def finish_part(core: Core, part_id: int, report: PartFinished) -> bool:
         if job.current_attempt_id != part.attempt_id:
             # An older attempt's part: its slot is free now, which a
             # waiting retry may need.
-            schedule(session, core.settings)
             return False
         if report.result is not None and job.status is JobStatus.RUNNING:
             job.result = report.result
@@ -241,7 +252,6 @@ def finish_part(core: Core, part_id: int, report: PartFinished) -> bool:
             _record_failure(session, job, part, report, now)
         settle(session, job, now, core.settings)
         sweeps.job_ended(session, job, now, core.settings)
-        schedule(session, core.settings)
         return True
 
 

@@ -4,13 +4,16 @@ own view carries the same."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy.exc import OperationalError
 
+from api.core import placement
 from cli.__main__ import main as cli
-from tests.api.conftest import ProtocolNode, ThreadedServer
+from tests.api.conftest import ProtocolNode, ThreadedServer, wait_for
 from tests.api.test_jobs_api import submit
 
 
@@ -116,3 +119,38 @@ def test_the_cli_shows_the_queue_in_order_with_its_reasons(
     ]
     assert "waiting_for_slots" in lines[1] and f"queued behind job {high['id']}" in lines[2]
     assert lines[-1] == "(2 queued; 1 live node(s), 0 free slot(s))"
+
+
+def test_submits_at_the_same_time_are_each_answered_with_their_placement(
+    client: httpx.Client, server: ThreadedServer
+) -> None:
+    """Submits arriving together share plans (Core.plans), yet each answer
+    says where its job started, as a submit alone does."""
+    nodes = [ProtocolNode(client, f"n{i}") for i in range(12)]
+    with ThreadPoolExecutor(12) as pool:
+        jobs = list(pool.map(lambda i: submit(client, name=f"burst-{i}"), range(12)))
+    assert all(job["status"] == "running" for job in jobs), [j["status"] for j in jobs]
+    placed = sorted(a["part_id"] for node in nodes for a in node.poll()["start"])
+    assert len(placed) == 12  # one a node: the plan spread them
+
+
+def test_a_plan_that_fails_leaves_the_submitted_job_queued_and_the_clock_places_it(
+    client: httpx.Client, server: ThreadedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ProtocolNode(client, "n1")
+    real = placement.schedule
+    failures: list[bool] = []
+
+    def fails_once(session: Any, settings: Any) -> bool:
+        if not failures:
+            failures.append(True)
+            raise OperationalError("SELECT", {}, Exception("the database went away"))
+        return real(session, settings)
+
+    monkeypatch.setattr(placement, "schedule", fails_once)
+    job = submit(client, name="kept")
+    assert failures and job["status"] == "queued"  # the submit stands, answered
+    wait_for(
+        lambda: client.get(f"/jobs/{job['id']}").json()["status"] == "running",
+        what="the clock's next tick to place the job",
+    )

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from api.scheduling import NodeCapacity, Pending, Placement, place_gang, plan
+from api.scheduling import NodeCapacity, Pending, Placement, could_start, place_gang, plan
 from ddpo.lifecycle import PendingCode
 from ddpo.schemas import JobSpec
 
@@ -98,3 +98,42 @@ def test_a_job_no_node_could_ever_run_does_not_block_the_queue() -> None:
     decisions = plan([(1, spec(1, backend="nccl")), (2, spec(1))], [node(1)])
     assert isinstance(decisions[1], Pending)
     assert decisions[2] == Placement((1,))
+
+
+def test_could_start_says_what_place_gang_decides_for_every_kind_of_job() -> None:
+    """The submit's quick check (asking only as many nodes as it takes)
+    against the full placement, over nodes of every mix."""
+    sha_a, sha_b = "a" * 64, "b" * 64
+    kinds = [
+        spec(1),
+        spec(2),
+        spec(3),
+        spec(1, trainer="resnet"),
+        spec(2, 2, backend="nccl"),
+        spec(topology={"num_machines": 2, "max_machines": 4, "num_processes": 1}),
+        spec(script={"path": "train.py"}),
+        spec(2, script={"path": "train.py"}),
+        spec(1, script={"path": "train.py", "sha256": sha_b}),
+    ]
+
+    def mixed(seed: int) -> list[NodeCapacity]:
+        nodes = []
+        for i in range(1, 7):
+            pick = (seed >> i) & 3
+            nodes.append(
+                NodeCapacity(
+                    i,
+                    f"n{i}",
+                    free_slots=(seed + i) % 3,
+                    gpus=2 if pick == 1 else 0,
+                    trainers=frozenset({"mnist", "resnet"} if pick == 2 else {"mnist"}),
+                    scripts={"train.py": sha_a if pick == 3 else sha_b} if pick else {},
+                )
+            )
+        return nodes
+
+    for seed in range(200):
+        nodes = mixed(seed)
+        for job in kinds:
+            placed = isinstance(place_gang(job, nodes), Placement)
+            assert could_start(job, nodes) is placed, (seed, job.topology, job.script, nodes)
