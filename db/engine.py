@@ -29,6 +29,7 @@ T = TypeVar("T")
 # Where a session keeps its database and, in a write, the rows it wrote.
 _DATABASE = "ddpo.database"
 _WRITTEN = "ddpo.written"
+_CHANGES_SEEN = "ddpo.changes_seen"
 # A writer waits this long for SQLite's single write lock before giving up.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # PostgreSQL: the advisory lock every write transaction takes first, the
@@ -285,12 +286,18 @@ def _count_changes(session: Session, tables: set[str]) -> None:
 
 
 def _changes_seen(session: Session, tables: tuple[str, ...]) -> tuple[int, ...]:
-    """The change counts of these tables as ``session`` sees them."""
-    statement = text(
-        "SELECT table_name, count FROM change_count WHERE table_name IN :tables"
-    ).bindparams(bindparam("tables", expanding=True))
-    counted = {row[0]: row[1] for row in session.execute(statement, {"tables": list(tables)})}
-    return tuple(int(counted.get(table, 0)) for table in tables)
+    """The change counts of these tables as ``session`` sees them: read
+    once a session, as they cannot move within its transaction (a read's
+    snapshot; a write holds the write lock, and counts its own changes
+    only as it commits)."""
+    seen: dict[tuple[str, ...], tuple[int, ...]] = session.info.setdefault(_CHANGES_SEEN, {})
+    if tables not in seen:
+        statement = text(
+            "SELECT table_name, count FROM change_count WHERE table_name IN :tables"
+        ).bindparams(bindparam("tables", expanding=True))
+        counted = {row[0]: row[1] for row in session.execute(statement, {"tables": list(tables)})}
+        seen[tables] = tuple(int(counted.get(table, 0)) for table in tables)
+    return seen[tables]
 
 
 def _table_of(row_or_model: object) -> str:
