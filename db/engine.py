@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -134,8 +134,15 @@ class Database:
             yield session
 
     @contextmanager
-    def write(self) -> Iterator[Session]:
-        """A transaction that commits on success and rolls back on error."""
+    def write(self, *, exclusive: bool = True) -> Iterator[Session]:
+        """A transaction that commits on success and rolls back on error.
+
+        ``exclusive=False``, on PostgreSQL: without the write lock, beside
+        the one writer that holds it, for a write that locks the rows it
+        changes itself (``SELECT ... FOR UPDATE``) and decides nothing from
+        rows that may move meanwhile: a node's report on its own part. On
+        SQLite every write is exclusive (it has one writer)."""
+        exclusive = exclusive or self.is_sqlite
         with Session(self._write_engine, expire_on_commit=False) as session:
             rows: list[object] = []
             nodes: list[models.Node] = []
@@ -150,9 +157,9 @@ class Database:
             event.listen(session, "before_flush", note)
             session.info[_DATABASE] = self
             session.info[_WRITTEN] = rows
-            with self._one_writer:
+            with self._one_writer if exclusive else nullcontext():
                 with session.begin():
-                    if not self.is_sqlite:
+                    if not self.is_sqlite and exclusive:
                         # One writer at a time, across every server on the
                         # database, as SQLite's BEGIN IMMEDIATE: a claim's read
                         # and its write cannot be overtaken between them.

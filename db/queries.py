@@ -303,8 +303,24 @@ def insert_trial(*, session: Session, trial: Trial) -> Trial:
 # --- attempts and parts -------------------------------------------------------
 
 
-def insert_attempt(*, session: Session, job_id: int, number: int, master_addr: str) -> Attempt:
-    attempt = Attempt(job_id=job_id, number=number, master_addr=master_addr)
+def insert_attempt(
+    *,
+    session: Session,
+    job_id: int,
+    number: int,
+    master_addr: str,
+    num_machines: int,
+    resumed_from_epoch: int | None,
+    resumed_from_step: int | None,
+) -> Attempt:
+    attempt = Attempt(
+        job_id=job_id,
+        number=number,
+        master_addr=master_addr,
+        num_machines=num_machines,
+        resumed_from_epoch=resumed_from_epoch,
+        resumed_from_step=resumed_from_step,
+    )
     session.add(attempt)
     session.flush()
     return attempt
@@ -378,17 +394,21 @@ def attempts_past_stop_deadline(*, session: Session, before: datetime) -> list[A
     return list(session.exec(statement).all())
 
 
-def insert_part(
-    *, session: Session, job_id: int, attempt_id: int, machine_id: int, node_id: int
-) -> Part:
-    part = Part(job_id=job_id, attempt_id=attempt_id, machine_id=machine_id, node_id=node_id)
-    session.add(part)
+def insert_parts(
+    *, session: Session, job_id: int, attempt_id: int, node_ids: Sequence[int]
+) -> list[Part]:
+    """Machine i's part on ``node_ids[i]``, inserted together."""
+    parts = [
+        Part(job_id=job_id, attempt_id=attempt_id, machine_id=machine_id, node_id=node_id)
+        for machine_id, node_id in enumerate(node_ids)
+    ]
+    session.add_all(parts)
     session.flush()
-    return part
+    return parts
 
 
-def get_part(*, session: Session, part_id: int) -> Part | None:
-    return session.get(Part, part_id)
+def get_part(*, session: Session, part_id: int, for_update: bool = False) -> Part | None:
+    return session.get(Part, part_id, with_for_update=for_update)
 
 
 def parts_of_attempt(*, session: Session, attempt_id: int) -> list[Part]:

@@ -18,9 +18,10 @@ def job(session: Session, job_id: int, *, for_update: bool = False) -> Job:
     return found
 
 
-def owned_part(session: Session, part_id: int, node_id: int) -> Part:
-    """The part, if it was given to this node."""
-    part = queries.get_part(session=session, part_id=part_id)
+def owned_part(session: Session, part_id: int, node_id: int, *, for_update: bool = False) -> Part:
+    """The part, if it was given to this node (locked until the
+    transaction ends with ``for_update``)."""
+    part = queries.get_part(session=session, part_id=part_id, for_update=for_update)
     if part is None:
         raise NotFound(f"part {part_id} not found")
     if part.node_id != node_id:

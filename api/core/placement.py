@@ -405,11 +405,18 @@ def survey_queue(session: Session, jobs: list[QueuedJob], now: datetime) -> Queu
 
 def free_capacity(session: Session) -> list[NodeCapacity]:
     """Every live node, with the slots its active parts leave free."""
-    return list(_free_nodes(session))
+    busy = queries.active_part_counts(session=session)
+    return [
+        replace(node, free_slots=node.free_slots - busy[node.node_id])
+        if node.node_id in busy
+        else node
+        for node in memoized(session, "live_nodes", (Node,), lambda: _live_nodes(session))
+    ]
 
 
 def _free_nodes(session: Session) -> Iterator[NodeCapacity]:
-    """free_capacity's nodes one by one: made only as far as they are read."""
+    """free_capacity's nodes one by one, made only as far as they are read
+    (a whole pass costs more this way: for a look at the first few)."""
     busy = queries.active_part_counts(session=session)
     for node in memoized(session, "live_nodes", (Node,), lambda: _live_nodes(session)):
         yield (
@@ -440,27 +447,27 @@ def _live_nodes(session: Session) -> list[NodeCapacity]:
 def start(session: Session, job: Job, nodes: list[Node], now: datetime) -> None:
     """A new attempt of the job, machine i on ``nodes[i]``."""
     assert job.id is not None
-    job.attempt_count += 1
+    # A retry continues from the last whole checkpoint (one of an earlier
+    # attempt: the first has none). The attempt is inserted whole and the
+    # job changed after it: one statement for each row, not one a field.
     attempt = queries.insert_attempt(
-        session=session, job_id=job.id, number=job.attempt_count, master_addr=nodes[0].address
+        session=session,
+        job_id=job.id,
+        number=job.attempt_count + 1,
+        master_addr=nodes[0].address,
+        num_machines=len(nodes),
+        resumed_from_epoch=job.checkpoint_epoch,
+        resumed_from_step=job.checkpoint_step,
     )
     assert attempt.id is not None
-    # A retry continues from the last whole checkpoint (one of an earlier
-    # attempt: the first has none).
-    attempt.resumed_from_epoch = job.checkpoint_epoch
-    attempt.resumed_from_step = job.checkpoint_step
-    attempt.num_machines = len(nodes)
+    node_ids: list[int] = []
+    for node in nodes:
+        assert node.id is not None
+        node_ids.append(node.id)
+    queries.insert_parts(session=session, job_id=job.id, attempt_id=attempt.id, node_ids=node_ids)
+    job.attempt_count += 1
     if job.deadline_at is None and job.spec.max_run_seconds is not None:
         job.deadline_at = now + timedelta(seconds=job.spec.max_run_seconds)
-    for machine_id, node in enumerate(nodes):
-        assert node.id is not None
-        queries.insert_part(
-            session=session,
-            job_id=job.id,
-            attempt_id=attempt.id,
-            machine_id=machine_id,
-            node_id=node.id,
-        )
     job.current_attempt_id = attempt.id
     job.progress_seq = None
     job.not_before = None

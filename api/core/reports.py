@@ -31,8 +31,12 @@ RETENTION_CATCH_UP = 5000
 def part_started(core: Core, part_id: int, node_id: int) -> bool:
     """The node launched the part's processes. False: it should not have."""
     core.sightings.saw(node_id)
-    with core.db.write() as session:
-        part = lookup.owned_part(session, part_id, node_id)
+    # Beside the one writer (on PostgreSQL): a third of a placed job's
+    # writes, and it changes only its own part, locked here. A writer that
+    # changes the part meanwhile (a cancel, a lost node) waits for this one
+    # or is waited for, as if the report came a moment earlier or later.
+    with core.db.write(exclusive=False) as session:
+        part = lookup.owned_part(session, part_id, node_id, for_update=True)
         if part.status is not PartStatus.ASSIGNED or not lookup.is_current(session, part):
             return False
         part.status = move_part(part.status, PartStatus.RUNNING)
