@@ -30,6 +30,8 @@ T = TypeVar("T")
 _DATABASE = "ddpo.database"
 _WRITTEN = "ddpo.written"
 _CHANGES_SEEN = "ddpo.changes_seen"
+# False for a write beside the writer (Database.write(exclusive=False)).
+_EXCLUSIVE = "ddpo.exclusive"
 # A writer waits this long for SQLite's single write lock before giving up.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # PostgreSQL: the advisory lock every write transaction takes first, the
@@ -157,6 +159,7 @@ class Database:
             event.listen(session, "before_flush", note)
             session.info[_DATABASE] = self
             session.info[_WRITTEN] = rows
+            session.info[_EXCLUSIVE] = exclusive
             with self._one_writer if exclusive else nullcontext():
                 with session.begin():
                     if not self.is_sqlite and exclusive:
@@ -294,17 +297,20 @@ def _count_changes(session: Session, tables: set[str]) -> None:
 
 def _changes_seen(session: Session, tables: tuple[str, ...]) -> tuple[int, ...]:
     """The change counts of these tables as ``session`` sees them: read
-    once a session, as they cannot move within its transaction (a read's
-    snapshot; a write holds the write lock, and counts its own changes
-    only as it commits)."""
+    once a session where they cannot move within its transaction (a read's
+    snapshot; a write that holds the write lock counts its own changes only
+    as it commits), at every call in a write beside the writer."""
     seen: dict[tuple[str, ...], tuple[int, ...]] = session.info.setdefault(_CHANGES_SEEN, {})
-    if tables not in seen:
-        statement = text(
-            "SELECT table_name, count FROM change_count WHERE table_name IN :tables"
-        ).bindparams(bindparam("tables", expanding=True))
-        counted = {row[0]: row[1] for row in session.execute(statement, {"tables": list(tables)})}
-        seen[tables] = tuple(int(counted.get(table, 0)) for table in tables)
-    return seen[tables]
+    if tables in seen:
+        return seen[tables]
+    statement = text(
+        "SELECT table_name, count FROM change_count WHERE table_name IN :tables"
+    ).bindparams(bindparam("tables", expanding=True))
+    counted = {row[0]: row[1] for row in session.execute(statement, {"tables": list(tables)})}
+    counts = tuple(int(counted.get(table, 0)) for table in tables)
+    if session.info.get(_EXCLUSIVE, True):
+        seen[tables] = counts
+    return counts
 
 
 def _table_of(row_or_model: object) -> str:

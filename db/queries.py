@@ -363,8 +363,9 @@ def running_attempts(
         .where(Job.status == JobStatus.RUNNING)
     )
     if elastic:
-        # Told apart in the database: decoding every running job's spec to
-        # find the few elastic ones took most of a busy placement's time.
+        # Topology.elastic (max_machines set), told apart in the database:
+        # decoding every running job's spec to find the few elastic ones
+        # took most of a busy placement's time.
         max_machines = type_coerce(col(Job.spec), JSON)["topology"]["max_machines"]
         statement = statement.where(max_machines.as_string().is_not(None))
     if below_priority is not None:

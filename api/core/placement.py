@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -295,11 +295,12 @@ def needs_a_plan(session: Session, job: Job, settings: ServerSettings) -> bool:
     start now needs the whole queue planned, to see whether it or one
     before it starts. A submit into a busy cluster costs the same with a
     thousand jobs queued as with none."""
-    if could_start(job.spec, _free_nodes(session)) or (
+    nodes = free_capacity(session)
+    if could_start(job.spec, nodes) or (
         settings.preemption and _may_preempt(session, job.priority)
     ):
         return True
-    decision = place_gang(job.spec, free_capacity(session))
+    decision = place_gang(job.spec, nodes)
     assert isinstance(decision, Pending)
     job.pending_reason = decision.reason
     return False
@@ -412,18 +413,6 @@ def free_capacity(session: Session) -> list[NodeCapacity]:
         else node
         for node in memoized(session, "live_nodes", (Node,), lambda: _live_nodes(session))
     ]
-
-
-def _free_nodes(session: Session) -> Iterator[NodeCapacity]:
-    """free_capacity's nodes one by one, made only as far as they are read
-    (a whole pass costs more this way: for a look at the first few)."""
-    busy = queries.active_part_counts(session=session)
-    for node in memoized(session, "live_nodes", (Node,), lambda: _live_nodes(session)):
-        yield (
-            replace(node, free_slots=node.free_slots - busy[node.node_id])
-            if node.node_id in busy
-            else node
-        )
 
 
 def _live_nodes(session: Session) -> list[NodeCapacity]:
