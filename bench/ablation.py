@@ -28,6 +28,8 @@ RECIPE: dict[str, Any] = {
     "start_method": "spawn",
     "same_host_allreduce": "gloo",
     "ddp_with_one_rank": True,
+    "inplace_relu": False,
+    "flat_optimizer": False,
 }
 # Options that are off by default, switched on, and earlier defaults.
 OTHERS: list[tuple[str, Any]] = [("gradient_as_bucket_view", True), ("dropout_masks", "uniform")]

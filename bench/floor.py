@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 
 import torch
-from torch import optim
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -36,7 +35,7 @@ def step_runner(spec: JobSpec, batch_size: int) -> Callable[[], None]:
     one synthetic batch (the step's cost does not depend on the pixels)."""
     torch.manual_seed(0)
     model = mnist.build_model(spec, torch.device("cpu"))
-    optimizer = optim.Adadelta(model.parameters(), lr=spec.lr)
+    optimizer = mnist.build_optimizer(spec, model)
     data = torch.randn(batch_size, 1, 28, 28)
     if spec.performance.channels_last:
         data = data.contiguous(memory_format=torch.channels_last)

@@ -34,6 +34,7 @@ from torchvision import datasets, transforms
 from ddpo.schemas import JobSpec, TrainResult
 from ddpo.schemas.strict import Strict
 from worker import checkpoints
+from worker.adadelta import FlatAdadelta
 from worker.context import TrainContext
 from worker.trainers import Trainer
 
@@ -62,6 +63,7 @@ class Net(nn.Module):
         dropout: bool = True,
         pool_before_relu: bool = False,
         dropout_masks: str = "bernoulli",
+        inplace_relu: bool = False,
     ) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(1, 16, 3, 1)
@@ -71,6 +73,7 @@ class Net(nn.Module):
         self.p1, self.p2 = (0.10, 0.25) if dropout else (0.0, 0.0)
         self.pool_before_relu = pool_before_relu
         self.dropout_masks = dropout_masks
+        self.inplace_relu = inplace_relu
 
     def _dropout(self, x: torch.Tensor, p: float) -> torch.Tensor:
         if not self.training or p == 0.0:
@@ -88,7 +91,9 @@ class Net(nn.Module):
         return F.dropout(x, p, training=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.conv1(x))
+        # In place, the same values: the convolution's backward needs its
+        # input and weight, not its output, so nothing else holds it.
+        x = F.relu(self.conv1(x), inplace=self.inplace_relu)
         x = self.conv2(x)
         # ReLU is monotonic, so max(relu(a), relu(b)) == relu(max(a, b));
         # gradients agree too (both are zero wherever the max is <= 0).
@@ -149,10 +154,17 @@ def build_model(spec: JobSpec, device: torch.device, *, dropout: bool = True) ->
         dropout=dropout,
         pool_before_relu=perf.pool_before_relu,
         dropout_masks=perf.dropout_masks,
+        inplace_relu=perf.inplace_relu,
     ).to(device)
     if perf.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model
+
+
+def build_optimizer(spec: JobSpec, model: nn.Module) -> optim.Adadelta:
+    if spec.performance.flat_optimizer:
+        return FlatAdadelta(model.parameters(), lr=spec.lr)
+    return optim.Adadelta(model.parameters(), lr=spec.lr)
 
 
 # --- data ---------------------------------------------------------------------
@@ -354,8 +366,10 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
     torch.manual_seed(spec.seed)
     data = train_data(spec, ctx.data_dir, ctx.rank, ctx.world_size, ctx.device)
     model = build_model(spec, ctx.device, dropout=dropout)
+    # Before DDP: a flat optimizer moves the parameters' memory, and DDP
+    # should see them where they will stay.
+    optimizer = build_optimizer(spec, model)
     wrapped = wrap_ddp(model, spec, ctx)
-    optimizer = optim.Adadelta(model.parameters(), lr=spec.lr)
 
     start = checkpoints.ResumePoint(1, 0, 0.0)
     if ctx.resume is not None:

@@ -126,6 +126,11 @@ class Performance(Strict):
         description="max-pool then ReLU: the same values and gradients as ReLU then "
         "max-pool, on 4x fewer elements",
     )
+    inplace_relu: bool = Field(
+        True,
+        description="The first convolution's ReLU written over its output (which nothing "
+        "else keeps): the same values, one large tensor fewer a step",
+    )
     dropout_masks: Literal["pcg64", "uniform", "bernoulli"] = Field(
         "pcg64",
         description="pcg64: keep where a 32-bit word from NumPy's PCG64 (seeded from torch's "
@@ -151,6 +156,12 @@ class Performance(Strict):
         description="Wrap a job of one rank in DistributedDataParallel as the recipe does; "
         "false: train the module itself (DDP's average over one rank is each gradient as "
         "it is: the same maths, without its bucket copies)",
+    )
+    flat_optimizer: bool = Field(
+        True,
+        description="Parameters, gradients and Adadelta's state each in one flat buffer: the "
+        "optimizer's step is its eleven operations once rather than once per parameter "
+        "(the same weights, bit for bit)",
     )
     gradient_as_bucket_view: bool = Field(
         False, description="DDP option (no measurable gain here, see BENCHMARKS.md)"
