@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ddpo.schemas import JobSpec, Performance
+from worker import mnist
 from worker.mnist import Net, build_model, train_data
 
 CPU = torch.device("cpu")
@@ -126,3 +127,15 @@ def test_dropout_masks_follow_torchs_generator(masks: str) -> None:
     assert torch.equal(model._dropout(x, 0.10), first)
     torch.set_rng_state(state)
     assert torch.equal(model._dropout(x, 0.10), second)
+
+
+def test_the_test_set_in_chunks_gives_each_images_output_bit_for_bit() -> None:
+    """evaluate() runs a batch of 1,000 a chunk at a time: the outputs (and
+    so the summed loss and the accuracy) are the whole batch's exactly."""
+    torch.manual_seed(2)
+    model = build_model(JobSpec(), CPU).eval()
+    images = torch.randn(1000, 1, 28, 28, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        whole = model(images.contiguous(memory_format=torch.channels_last))
+        chunked = mnist._forward_in_chunks(model, images, channels_last=True)
+    assert torch.equal(whole, chunked)
