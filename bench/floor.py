@@ -25,7 +25,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ddpo import amp
 from ddpo.schemas import JobSpec
-from worker import mnist
+from worker import fused_pool, mnist
+from worker.settings import WorkerSettings
 
 MNIST_TRAIN = 60_000
 
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args(argv)
     spec = JobSpec(batch_size=args.batch_size, performance={"precision": args.precision})
+    fused_pool.load(WorkerSettings().extensions_dir)  # as a rank on this machine would
+    print(fused_pool.status())
     floor, rate, flops = epoch_floor_s(args.batch_size)
     steps = -(-MNIST_TRAIN // args.batch_size)
     step = step_runner(spec, args.batch_size)

@@ -7,6 +7,10 @@ noise between runs there.
 
     python -m bench.step_ablation --change flat_optimizer=false --change inplace_relu=false
 
+With the fused max-pool kernel built (``python -m worker.fused_pool DIR``, as
+a worker does; DIR is DDPO_WORKER_EXTENSIONS_DIR's default unless set), the
+defaults use it and ``--change fused_pool=false`` compares aten's ops.
+
 Prints each variant's median step and its median ratio to the defaults'
 over the rounds, and in how many rounds it was the faster.
 """
@@ -21,7 +25,9 @@ import time
 import torch
 
 from ddpo.schemas import JobSpec, Performance
+from worker import fused_pool
 from worker._process import keep_freed_memory
+from worker.settings import WorkerSettings
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,6 +47,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     keep_freed_memory()  # as the launcher does for the default job
     from bench.floor import step_runner  # torch's allocator settings first
+
+    # The kernel a worker on this machine built, as its ranks load it.
+    fused_pool.load(WorkerSettings().extensions_dir)
+    print(fused_pool.status())
 
     variants = {"defaults": Performance()}
     for change in args.change:

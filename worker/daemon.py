@@ -7,8 +7,10 @@ queued on the part until the server takes them, in order.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -27,7 +29,7 @@ from ddpo.schemas import (
     StopRequest,
 )
 from ddpo.schemas.protocol import TrainerOffer
-from worker import cores, network, scripts, trainers
+from worker import cores, fused_pool, network, scripts, trainers
 from worker.client import CredentialRefused, NodeUnknown, Refused, ServerClient, ServerUnavailable
 from worker.courier import Courier
 from worker.forkserver import ForkServer
@@ -76,6 +78,8 @@ class Worker:
         # Shutting down: the parts are stopping at a step; start nothing new.
         self._leaving = False
         self._forks: ForkServer | None = None
+        # The fused kernel's build, once per daemon where it is missing.
+        self._builder: subprocess.Popen[bytes] | None = None
         # What the trainers are, when no fork server told (described once).
         self._offers: list[TrainerOffer] | None = None
         self._forks_awaited = False
@@ -246,6 +250,30 @@ class Worker:
                 self.settings.trainers,
                 env=launcher_env(self.settings),
             )
+        self._build_kernel()
+
+    def _build_kernel(self) -> None:
+        """Compile the built-in trainer's fused max-pool kernel when this
+        machine lacks it (once per kernel and torch version, shared by the
+        machine's workers): in the background, at idle priority, so a job
+        that starts meanwhile keeps its cores and runs aten's ops."""
+        if self._builder is not None or not self.settings.build_extensions:
+            return
+        directory = self.settings.extensions_dir.resolve()
+        if not fused_pool.cpu_supports() or fused_pool.library(directory).exists():
+            return
+        log_path = self.settings.work_dir.resolve() / "extensions.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log.info("compiling the fused max-pool kernel into %s (log: %s)", directory, log_path)
+        with open(log_path, "ab") as out:
+            self._builder = subprocess.Popen(
+                [sys.executable, "-m", "worker.fused_pool", str(directory), str(os.getpid())],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=launcher_env(self.settings),
+                # Its own group: the compiler it starts goes with it.
+                start_new_session=True,
+            )
 
     def _leave(self) -> None:
         """Asked to exit with parts running: tell the server this node is
@@ -303,6 +331,10 @@ class Worker:
             self._heartbeat.close()
         if self._forks is not None:
             self._forks.close()
+        if self._builder is not None and self._builder.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._builder.pid, signal.SIGKILL)  # the next start builds again
+            self._builder.wait()
         self.client.close()
         log.info("worker %s stopped", self.settings.name)
 

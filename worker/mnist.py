@@ -33,7 +33,7 @@ from torchvision import datasets, transforms
 
 from ddpo.schemas import JobSpec, TrainResult
 from ddpo.schemas.strict import Strict
-from worker import checkpoints
+from worker import checkpoints, fused_pool
 from worker.adadelta import FlatAdadelta
 from worker.context import TrainContext
 from worker.trainers import Trainer
@@ -64,6 +64,7 @@ class Net(nn.Module):
         pool_before_relu: bool = False,
         dropout_masks: str = "bernoulli",
         inplace_relu: bool = False,
+        fused_pool: bool = False,
     ) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(1, 16, 3, 1)
@@ -74,6 +75,7 @@ class Net(nn.Module):
         self.pool_before_relu = pool_before_relu
         self.dropout_masks = dropout_masks
         self.inplace_relu = inplace_relu
+        self.fused_pool = fused_pool
 
     def _dropout(self, x: torch.Tensor, p: float) -> torch.Tensor:
         if not self.training or p == 0.0:
@@ -97,7 +99,12 @@ class Net(nn.Module):
         x = self.conv2(x)
         # ReLU is monotonic, so max(relu(a), relu(b)) == relu(max(a, b));
         # gradients agree too (both are zero wherever the max is <= 0).
-        x = F.relu(F.max_pool2d(x, 2)) if self.pool_before_relu else F.max_pool2d(F.relu(x), 2)
+        if self.pool_before_relu and self.fused_pool and fused_pool.applies(x):
+            x = fused_pool.pool_relu(x)  # the same values and gradients, one kernel
+        elif self.pool_before_relu:
+            x = F.relu(F.max_pool2d(x, 2))
+        else:
+            x = F.max_pool2d(F.relu(x), 2)
         # NCHW whatever the memory format: fc1 expects the recipe's flatten
         # order, and dropout draws its mask in memory order, so on NCHW it
         # masks the same elements the recipe's does.
@@ -155,6 +162,7 @@ def build_model(spec: JobSpec, device: torch.device, *, dropout: bool = True) ->
         pool_before_relu=perf.pool_before_relu,
         dropout_masks=perf.dropout_masks,
         inplace_relu=perf.inplace_relu,
+        fused_pool=perf.fused_pool,
     ).to(device)
     if perf.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -366,6 +374,9 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
     torch.manual_seed(spec.seed)
     data = train_data(spec, ctx.data_dir, ctx.rank, ctx.world_size, ctx.device)
     model = build_model(spec, ctx.device, dropout=dropout)
+    perf = spec.performance
+    if ctx.is_master and perf.pool_before_relu and perf.precision == "fp32":
+        print(fused_pool.status(), flush=True)
     # Before DDP: a flat optimizer moves the parameters' memory, and DDP
     # should see them where they will stay.
     optimizer = build_optimizer(spec, model)

@@ -151,6 +151,7 @@ class PartProcess:
             cpus=cpus,
             rank_env=settings.rank_env_names,
             hidden=[settings.credential_path.resolve()],
+            extensions_dir=settings.extensions_dir.resolve(),
         )
         runfiles.write_launch(config)
         if assignment.master_port is not None and assignment.machine_id > 0:

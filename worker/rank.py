@@ -13,7 +13,16 @@ from time import perf_counter
 import torch
 import torch.distributed as dist
 
-from worker import checkpoints, local_allreduce, network, rank_env, runfiles, shield, trainers
+from worker import (
+    checkpoints,
+    fused_pool,
+    local_allreduce,
+    network,
+    rank_env,
+    runfiles,
+    shield,
+    trainers,
+)
 from worker._process import die_with_parent
 from worker.context import TrainContext
 from worker.stopping import StopAgreement
@@ -40,6 +49,10 @@ def run_rank(
     shield.install_for_part(config.run_dir, launcher_pid)
     # Before any tensor work: the pool is sized once.
     torch.set_num_threads(threads_for(config))
+    if config.assignment.spec.performance.fused_pool:
+        fused_pool.load(config.extensions_dir)
+    else:
+        fused_pool.disable("performance.fused_pool is off")
     assignment = config.assignment
     os.environ.update(rank_env.tracking(assignment))  # a plugin's own MLflow calls
     spec = assignment.spec

@@ -93,6 +93,9 @@ class LaunchConfig(BaseModel):
         description="Files the ranks must not read (the node's credential): masked where "
         "the launcher may make a mount namespace",
     )
+    extensions_dir: Path | None = Field(
+        None, description="Where the node's compiled kernels are (worker/fused_pool.py)"
+    )
 
     @property
     def local_processes(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from pathlib import Path
@@ -16,6 +17,10 @@ from worker import cores
 def _default_name() -> str:
     name = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname()).strip("-.") or "node"
     return name[:64]
+
+
+def _cache_home() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 
 # The default run directory, filled in with the node's name.
@@ -134,6 +139,18 @@ class WorkerSettings(BaseSettings):
     prewarm: bool = Field(
         True,
         description="Fork launchers from a process that imported torch once (saves seconds a job)",
+    )
+    extensions_dir: Path = Field(
+        default_factory=lambda: _cache_home() / "ddpo" / "extensions",
+        description="Where the node keeps the kernels it compiles for the built-in trainer "
+        "(performance.fused_pool; default $XDG_CACHE_HOME/ddpo/extensions, shared by the "
+        "machine's workers)",
+    )
+    build_extensions: bool = Field(
+        True,
+        description="Compile those kernels in the background, at idle priority, when they "
+        "are missing (a C++ compiler and about 20 s of one core, once per machine); false: "
+        "ranks use the ones already there, or aten's ops",
     )
 
     @field_validator("trainers")

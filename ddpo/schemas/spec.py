@@ -126,6 +126,13 @@ class Performance(Strict):
         description="max-pool then ReLU: the same values and gradients as ReLU then "
         "max-pool, on 4x fewer elements",
     )
+    fused_pool: bool = Field(
+        True,
+        description="The max-pool and the ReLU after it as one AVX-512 kernel the worker "
+        "compiles once per machine (worker/fused_pool.py): the same values and gradients, "
+        "without aten's zero-filled input gradient and int64 indices. Where it is not built "
+        "yet, on CPUs without AVX-512 and in bf16/fp16: aten's ops",
+    )
     inplace_relu: bool = Field(
         True,
         description="The first convolution's ReLU written over its output (which nothing "

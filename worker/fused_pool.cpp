@@ -1,8 +1,15 @@
-// bench/fused_pool.py builds this: an experiment, not a code path jobs take.
+// The built-in model's 2x2 max-pool and the ReLU after it, fused, for
+// channels-last float32 on AVX-512 CPUs (worker/fused_pool.py builds and
+// loads it). aten's max-pool keeps int64 indices and zero-fills the whole
+// input gradient before scattering into it; this keeps a one-byte code per
+// output and writes the input gradient in one pass. The values and gradients
+// are aten's bit for bit: the first maximum in row-major order wins a window
+// (a later NaN replaces it, as in aten's loop), and the ReLU's backward
+// passes a gradient wherever its output is not <= 0 (NaN included).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
-// x: N,C,H,W channels-last fp32, C % 16 == 0. relu(maxpool2x2(x)) channels-last and a uint8 code
+// x: N,C,H,W channels-last float32, C % 16 == 0, H and W even. relu(maxpool2x2(x)) channels-last and a uint8 code
 // (N,H2,W2,C): 0-3 = the window's winner (row-major, first max wins), 4 = cut by relu (max <= 0).
 std::vector<torch::Tensor> fwd(torch::Tensor x) {
   auto N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
@@ -23,13 +30,17 @@ std::vector<torch::Tensor> fwd(torch::Tensor x) {
         for (int64_t c = 0; c < C; c += 16) {
           __m512 a = _mm512_loadu_ps(r0 + c), bb = _mm512_loadu_ps(r0 + C + c);
           __m512 d = _mm512_loadu_ps(r1 + c), ee = _mm512_loadu_ps(r1 + C + c);
-          __mmask16 mb = _mm512_cmp_ps_mask(bb, a, _CMP_GT_OQ);
+          // v replaces the maximum so far when v > it or v is NaN.
+          __mmask16 mb = _mm512_cmp_ps_mask(bb, a, _CMP_GT_OQ) | _mm512_cmp_ps_mask(bb, bb, _CMP_UNORD_Q);
           __m512 m01 = _mm512_mask_blend_ps(mb, a, bb); __m512i i01 = _mm512_mask_blend_epi32(mb, zi, one);
-          __mmask16 me = _mm512_cmp_ps_mask(ee, d, _CMP_GT_OQ);
+          __mmask16 me = _mm512_cmp_ps_mask(ee, d, _CMP_GT_OQ) | _mm512_cmp_ps_mask(ee, ee, _CMP_UNORD_Q);
           __m512 m23 = _mm512_mask_blend_ps(me, d, ee); __m512i i23 = _mm512_mask_blend_epi32(me, two, three);
-          __mmask16 s = _mm512_cmp_ps_mask(m23, m01, _CMP_GT_OQ);
+          // The second row's winner replaces the first's as it would have in
+          // one scan: when greater, or NaN.
+          __mmask16 s = _mm512_cmp_ps_mask(m23, m01, _CMP_GT_OQ) | _mm512_cmp_ps_mask(m23, m23, _CMP_UNORD_Q);
           __m512 m = _mm512_mask_blend_ps(s, m01, m23); __m512i idx = _mm512_mask_blend_epi32(s, i01, i23);
-          __mmask16 keep = _mm512_cmp_ps_mask(m, zero, _CMP_GT_OQ);
+          // ReLU keeps what is not <= 0 (NaN stays NaN, and its gradient passes).
+          __mmask16 keep = _mm512_cmp_ps_mask(m, zero, _CMP_NLE_UQ);
           _mm512_storeu_ps(o + c, _mm512_maskz_mov_ps(keep, m));
           _mm_storeu_si128((__m128i*)(k + c), _mm512_cvtepi32_epi8(_mm512_mask_blend_epi32(keep, four, idx)));
         }

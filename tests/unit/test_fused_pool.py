@@ -1,0 +1,138 @@
+"""performance.fused_pool (worker/fused_pool.py): the kernel the worker
+compiles gives aten's max-pool + ReLU values and gradients bit for bit (ties,
+windows the ReLU cuts, NaN and infinities included), the built-in model
+trains the same weights with it, and whatever it does not take runs aten's
+ops. Built once here, as a worker builds it (``python -m worker.fused_pool``)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ddpo.schemas import JobSpec
+from worker import fused_pool, mnist
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    if not fused_pool.cpu_supports():
+        pytest.skip(f"this CPU lacks {', '.join(fused_pool.NEEDS)}")
+    if shutil.which("c++") is None or shutil.which("ninja") is None:
+        pytest.skip("no C++ compiler or ninja: workers here run aten's ops")
+    directory = tmp_path_factory.mktemp("extensions")
+    built = subprocess.run(
+        [sys.executable, "-m", "worker.fused_pool", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert fused_pool.load(directory) is None
+    try:
+        yield directory
+    finally:
+        fused_pool.disable("the test is over")
+
+
+def windows() -> torch.Tensor:
+    """Conv2's output shape, with the windows that decide a max-pool's
+    gradient: ties, all-negative and zero windows (the ReLU cuts them),
+    NaN in each position, infinities."""
+    torch.manual_seed(0)
+    x = torch.randn(128, 32, 24, 24)
+    x[0, 0, 0, 0:2] = 1.5  # a tie across a row: the first wins
+    x[0, 0, 1, 0:2] = 1.5  # ... and down the window
+    x[0, 1, 0:2, 2] = 0.7  # a tie down a column
+    x[0, 1, 0:2, 3] = 0.2
+    x[1, 1] = 0.0  # every window zero: cut by the ReLU
+    x[2, 2] = -1.0  # every window negative
+    x[3, 3, 0, 0] = float("nan")
+    x[3, 3, 0, 3] = float("nan")
+    x[3, 3, 1, 4] = float("nan")
+    x[3, 3, 1, 7] = float("nan")
+    x[3, 4, 0:2, 0:2] = float("nan")  # NaN everywhere: the last wins
+    x[4, 4, 0, 0] = float("inf")
+    x[4, 4, 0, 2] = float("-inf")
+    return x.contiguous(memory_format=torch.channels_last)
+
+
+def test_the_kernel_gives_atens_values_and_gradients_bit_for_bit(kernel: Path) -> None:
+    x = windows()
+    theirs, ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+    assert fused_pool.applies(ours)
+    expected, got = F.relu(F.max_pool2d(theirs, 2)), fused_pool.pool_relu(ours)
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(expected.isnan(), got.isnan())
+    assert torch.equal(expected.nan_to_num(), got.nan_to_num())
+    grad = torch.randn_like(expected)
+    expected.backward(grad)
+    got.backward(grad)
+    assert theirs.grad is not None and ours.grad is not None
+    assert ours.grad.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(theirs.grad, ours.grad)
+
+
+def test_the_built_in_model_trains_the_same_weights_with_it(kernel: Path) -> None:
+    spec = JobSpec()  # fused_pool on by default
+    assert spec.performance.fused_pool
+    torch.manual_seed(0)
+    fused = mnist.build_model(spec, CPU)
+    aten = mnist.build_model(JobSpec(performance={"fused_pool": False}), CPU)
+    aten.load_state_dict(fused.state_dict())
+    generator = torch.Generator().manual_seed(1)
+    batches = [
+        (
+            torch.randn(64, 1, 28, 28, generator=generator).contiguous(
+                memory_format=torch.channels_last
+            ),
+            torch.randint(0, 10, (64,), generator=generator),
+        )
+        for _ in range(3)
+    ]
+    used: list[bool] = []
+    fused.conv2.register_forward_hook(lambda _m, _i, out: used.append(fused_pool.applies(out)))
+    for model in (fused, aten):
+        optimizer = mnist.build_optimizer(spec, model)
+        for index, (images, target) in enumerate(batches):
+            torch.manual_seed(index)  # the same dropout masks
+            mnist.train_step(model, optimizer, images, target)
+    assert used == [True] * 3  # it ran the kernel
+    for p, q in zip(fused.parameters(), aten.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, channels_last",
+    [
+        ((8, 32, 24, 24), torch.bfloat16, True),  # bf16-mixed's activations
+        ((8, 32, 24, 24), torch.float32, False),  # NCHW
+        ((8, 8, 24, 24), torch.float32, True),  # channels not in sixteens
+        ((8, 32, 23, 24), torch.float32, True),  # an odd height
+    ],
+)
+def test_what_the_kernel_does_not_take_runs_atens_ops(
+    kernel: Path, shape: tuple[int, ...], dtype: torch.dtype, channels_last: bool
+) -> None:
+    x = torch.randn(shape).to(dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    assert not fused_pool.applies(x)
+
+
+def test_a_machine_without_the_kernel_says_why(tmp_path: Path) -> None:
+    fused_pool.disable("reset")
+    why = fused_pool.load(tmp_path)
+    if fused_pool.cpu_supports():
+        assert why == f"not built in {tmp_path} yet"
+    assert why is not None and why in fused_pool.status()
+    assert fused_pool.load(None) == "no extensions directory"
+    assert not fused_pool.applies(windows())  # so the model runs aten's ops

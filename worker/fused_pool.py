@@ -1,0 +1,234 @@
+"""The built-in model's max-pool and ReLU as one AVX-512 kernel
+(``fused_pool.cpp``): ``performance.fused_pool``.
+
+aten's channels-last max-pool keeps int64 indices, and its backward
+zero-fills the whole input gradient (9.4 MB a step here) before scattering
+into it; with ReLU's forward and backward around it that was about 3 ms of a
+14-15 ms step. The kernel keeps a one-byte code per output and writes the
+input gradient in one pass: the same values and gradients, bit for bit
+(tests/unit/test_fused_pool.py), 0.94 of the step's time (BENCHMARKS.md).
+
+It is compiled on the node, once per kernel source and torch version, by
+``python -m worker.fused_pool DIR`` (torch's cpp_extension: a C++ compiler
+and ninja, about 20 s of one core), which the worker starts in the
+background, idle-priority, when it first runs on a machine. Until it is
+there, on CPUs without AVX-512 and for anything but the built-in model's
+float32 channels-last shapes, ranks run aten's max-pool and ReLU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+# No torch at import: the daemon asks whether the kernel is built (and
+# starts its build) without paying for torch.
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("fused_pool.cpp")
+# The CPU features the kernel's instructions need (Linux's /proc/cpuinfo names).
+NEEDS = ("avx512f", "avx512bw", "avx512vl")
+
+_loaded: ModuleType | None = None
+# Why this process runs aten's ops instead (None: the kernel is loaded).
+_why_not: str | None = "not loaded"
+
+
+def module_name() -> str:
+    """Named after the source and torch's version: a change to either is a
+    new build, never a stale library loaded."""
+    torch_version = importlib.metadata.version("torch")
+    digest = hashlib.sha256(SOURCE.read_bytes() + torch_version.encode()).hexdigest()
+    return f"ddpo_fused_pool_{digest[:16]}"
+
+
+def library(directory: Path) -> Path:
+    return directory / f"{module_name()}.so"
+
+
+def cpu_supports() -> bool:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            return all(flag in flags for flag in NEEDS)
+    return False
+
+
+def build(directory: Path) -> Path:
+    """Compile the kernel into ``directory`` (a no-op when it is there). One
+    build at a time per directory; the library appears whole (renamed into
+    place), so a rank never loads a half-written one. Raises where it
+    cannot (no compiler, no AVX-512)."""
+    import torch
+    from torch.utils import cpp_extension
+
+    if not cpu_supports():
+        raise RuntimeError(f"this CPU lacks {', '.join(NEEDS)}")
+    target = library(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / f"{module_name()}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():
+            return target
+        torch_lib = Path(torch.__file__).parent / "lib"
+        with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as work:
+            cpp_extension.load(
+                module_name(),
+                sources=[str(SOURCE)],
+                build_directory=work,
+                extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-fopenmp"],
+                # at::parallel_for on torch's own OpenMP runtime (the wheel's
+                # libgomp): a second runtime would start threads of its own to
+                # fight torch's for the cores (the step ran 1.37x slower).
+                extra_ldflags=[f"-L{torch_lib}", "-l:libgomp.so.1", f"-Wl,-rpath,{torch_lib}"],
+                verbose=False,
+            )
+            built = Path(work) / f"{module_name()}.so"
+            staged = directory / f".{target.name}.{os.getpid()}"
+            shutil.copyfile(built, staged)
+            os.replace(staged, target)
+    return target
+
+
+def status() -> str:
+    """A line for the part's log: which max-pool this process runs."""
+    if _why_not is None:
+        return "max-pool and ReLU: the fused AVX-512 kernel (performance.fused_pool)"
+    return f"max-pool and ReLU: aten's ({_why_not})"
+
+
+def load(directory: Path | None) -> str | None:
+    """Load the kernel built in ``directory`` for this process; None when it
+    is in use, else why aten's ops run instead (also kept for status())."""
+    global _why_not
+    _why_not = _load(directory)
+    return _why_not
+
+
+def disable(why: str) -> None:
+    global _loaded, _why_not
+    _loaded, _why_not = None, why
+
+
+def _load(directory: Path | None) -> str | None:
+    global _loaded
+    if _loaded is not None:
+        return None
+    if directory is None:
+        return "no extensions directory"
+    if not cpu_supports():
+        return f"this CPU lacks {', '.join(NEEDS)}"
+    path = library(directory)
+    if not path.exists():
+        return f"not built in {directory} yet"
+    try:
+        loader = importlib.machinery.ExtensionFileLoader(module_name(), str(path))
+        spec = importlib.util.spec_from_file_location(module_name(), path, loader=loader)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+    except Exception as exc:  # a library that will not load: aten's path, said why
+        return f"{path} did not load: {exc}"
+    _loaded = module
+    return None
+
+
+def applies(x: torch.Tensor) -> bool:
+    """Whether the loaded kernel takes ``x``: float32 on the CPU, laid out
+    channels-last, channels in sixteens, even height and width."""
+    import torch
+
+    return (
+        _loaded is not None
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and x.dim() == 4
+        and x.shape[1] % 16 == 0
+        and x.shape[2] % 2 == 0
+        and x.shape[3] % 2 == 0
+        and x.is_contiguous(memory_format=torch.channels_last)
+    )
+
+
+@functools.cache
+def _function() -> Any:
+    import torch
+
+    class PoolRelu(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            assert _loaded is not None
+            out, code = _loaded.fwd(x)
+            ctx.save_for_backward(code)
+            ctx.size = (x.shape[2], x.shape[3])
+            return torch.as_tensor(out)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            assert _loaded is not None
+            (code,) = ctx.saved_tensors
+            return torch.as_tensor(_loaded.bwd(grad, code, *ctx.size))
+
+    return PoolRelu
+
+
+def pool_relu(x: torch.Tensor) -> torch.Tensor:
+    """``relu(max_pool2d(x, 2))`` through the kernel (``applies(x)`` first)."""
+    out: torch.Tensor = _function().apply(x)
+    return out
+
+
+def _lower_priority() -> None:
+    """Run only on cores nothing else wants: a job training beside the
+    build keeps its speed (the build waits)."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    with contextlib.suppress(OSError):
+        os.nice(19)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) not in (1, 2):
+        print("usage: python -m worker.fused_pool DIRECTORY [PARENT_PID]", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if len(args) == 2:
+        from worker._process import die_with_parent
+
+        die_with_parent(int(args[1]))  # a worker that dies takes its build along
+    _lower_priority()
+    try:
+        path = build(Path(args[0]))
+    except Exception as exc:  # no compiler, no AVX-512: jobs run aten's ops
+        log.warning("fused max-pool kernel not built: %s", exc)
+        return 1
+    log.info("fused max-pool kernel at %s", path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
