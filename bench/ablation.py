@@ -30,6 +30,7 @@ RECIPE: dict[str, Any] = {
     "ddp_with_one_rank": True,
     "inplace_relu": False,
     "flat_optimizer": False,
+    "fused_pool": False,
 }
 # Options that are off by default, switched on, and earlier defaults.
 OTHERS: list[tuple[str, Any]] = [("gradient_as_bucket_view", True), ("dropout_masks", "uniform")]

@@ -237,8 +237,11 @@ class Worker:
     def _prewarm(self) -> None:
         """Start the launcher fork server, or a new one if it died, while the
         node is idle (never while parts run: its imports would take CPU from
-        their training)."""
-        if not self.settings.prewarm or self.parts:
+        their training); and the fused kernel's build, where it is missing."""
+        if self.parts:
+            return
+        self._build_kernel()
+        if not self.settings.prewarm:
             return
         if self._forks is not None and not self._forks.alive():
             self._forks.close()
@@ -250,7 +253,6 @@ class Worker:
                 self.settings.trainers,
                 env=launcher_env(self.settings),
             )
-        self._build_kernel()
 
     def _build_kernel(self) -> None:
         """Compile the built-in trainer's fused max-pool kernel when this
@@ -267,7 +269,15 @@ class Worker:
         log.info("compiling the fused max-pool kernel into %s (log: %s)", directory, log_path)
         with open(log_path, "ab") as out:
             self._builder = subprocess.Popen(
-                [sys.executable, "-m", "worker.fused_pool", str(directory), str(os.getpid())],
+                [
+                    sys.executable,
+                    "-m",
+                    "worker.fused_pool",
+                    str(directory),
+                    "--idle",
+                    "--parent",
+                    str(os.getpid()),
+                ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=launcher_env(self.settings),

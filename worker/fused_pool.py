@@ -18,6 +18,7 @@ float32 channels-last shapes, ranks run aten's max-pool and ReLU.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import functools
@@ -75,6 +76,22 @@ def cpu_supports() -> bool:
     return False
 
 
+def _tool_path() -> str:
+    """PATH with this environment's bin first: ninja from the ninja package,
+    even where the worker runs without the environment on its PATH."""
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+
+
+def can_compile() -> bool:
+    """A C++ compiler and ninja to build with (not whether the CPU runs it)."""
+    path = _tool_path()
+    compiler = os.environ.get("CXX", "c++")
+    return (
+        shutil.which(compiler, path=path) is not None
+        and shutil.which("ninja", path=path) is not None
+    )
+
+
 def build(directory: Path) -> Path:
     """Compile the kernel into ``directory`` (a no-op when it is there). One
     build at a time per directory; the library appears whole (renamed into
@@ -92,6 +109,7 @@ def build(directory: Path) -> Path:
         if target.exists():
             return target
         torch_lib = Path(torch.__file__).parent / "lib"
+        os.environ["PATH"] = _tool_path()
         with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as work:
             cpp_extension.load(
                 module_name(),
@@ -209,20 +227,28 @@ def _lower_priority() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) not in (1, 2):
-        print("usage: python -m worker.fused_pool DIRECTORY [PARENT_PID]", file=sys.stderr)
-        return 2
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    parser = argparse.ArgumentParser(
+        prog="python -m worker.fused_pool",
+        description="Compile the fused max-pool kernel into DIRECTORY (a no-op when it is "
+        "there). Exit 1 where it cannot be built: jobs then run aten's ops.",
     )
-    if len(args) == 2:
+    parser.add_argument("directory", type=Path)
+    parser.add_argument(
+        "--idle", action="store_true", help="run at idle priority (how a worker starts it)"
+    )
+    parser.add_argument("--parent", type=int, help="exit when this process (the worker) does")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s worker.fused_pool: %(message)s"
+    )
+    if args.parent is not None:
         from worker._process import die_with_parent
 
-        die_with_parent(int(args[1]))  # a worker that dies takes its build along
-    _lower_priority()
+        die_with_parent(args.parent)
+    if args.idle:
+        _lower_priority()
     try:
-        path = build(Path(args[0]))
+        path = build(args.directory)
     except Exception as exc:  # no compiler, no AVX-512: jobs run aten's ops
         log.warning("fused max-pool kernel not built: %s", exc)
         return 1
