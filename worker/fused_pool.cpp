@@ -1,80 +1,133 @@
 // The built-in model's 2x2 max-pool and the ReLU after it, fused, for
-// channels-last float32 on AVX-512 CPUs (worker/fused_pool.py builds and
-// loads it). aten's max-pool keeps int64 indices and zero-fills the whole
-// input gradient before scattering into it; this keeps a one-byte code per
-// output and writes the input gradient in one pass. The values and gradients
-// are aten's bit for bit: the first maximum in row-major order wins a window
-// (a later NaN replaces it, as in aten's loop), and the ReLU's backward
-// passes a gradient wherever its output is not <= 0 (NaN included).
+// channels-last float32 or bfloat16 on AVX-512 CPUs (worker/fused_pool.py
+// builds and loads it). aten's max-pool keeps int64 indices and zero-fills
+// the whole input gradient before scattering into it; this keeps a one-byte
+// code per output and writes the input gradient in one pass. The values and
+// gradients are aten's bit for bit: the first maximum in row-major order wins
+// a window (a later NaN replaces it, as in aten's loop), and the ReLU's
+// backward passes a gradient wherever its output is not <= 0 (NaN included).
+// bfloat16 values are compared as the float32 they widen to, exactly, and
+// every value written is one read (or zero), so nothing is rounded.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
-// x: N,C,H,W channels-last float32, C % 16 == 0, H and W even. relu(maxpool2x2(x)) channels-last and a uint8 code
-// (N,H2,W2,C): 0-3 = the window's winner (row-major, first max wins), 4 = cut by relu (max <= 0).
-std::vector<torch::Tensor> fwd(torch::Tensor x) {
-  auto N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
-  auto H2 = H / 2, W2 = W / 2;
+
+namespace {
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+inline __m512 load16(const at::BFloat16* p) {
+  __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+
+inline void store16(at::BFloat16* p, __m512 v) {
+  // v is a widened bfloat16 (or zero): its top half is the value.
+  __m512i bits = _mm512_srli_epi32(_mm512_castps_si512(v), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bits));
+}
+
+// v replaces the maximum so far when v > it, or v is NaN.
+inline __mmask16 replaces(__m512 v, __m512 so_far) {
+  return _mm512_cmp_ps_mask(v, so_far, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+}
+
+// x: N,C,H,W channels-last, C % 16 == 0, H and W even. Returns
+// relu(max_pool2d(x, 2)) channels-last, and a code (N,H2,W2,C): 0-3 the
+// window's winner in row-major order, 4 where the ReLU cut it.
+template <typename T>
+std::vector<torch::Tensor> forward(const torch::Tensor& x) {
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t H2 = H / 2, W2 = W / 2;
   auto out = torch::empty({N, C, H2, W2}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
   auto code = torch::empty({N, H2, W2, C}, x.options().dtype(torch::kUInt8));
-  const float* xp = x.data_ptr<float>(); float* op = out.data_ptr<float>(); uint8_t* cp = code.data_ptr<uint8_t>();
-  at::parallel_for(0, N * H2, 1, [&](int64_t b, int64_t e) {
-    const __m512i one = _mm512_set1_epi32(1), two = _mm512_set1_epi32(2), three = _mm512_set1_epi32(3), four = _mm512_set1_epi32(4), zi = _mm512_setzero_si512();
+  const T* xp = x.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  uint8_t* cp = code.data_ptr<uint8_t>();
+  at::parallel_for(0, N * H2, 1, [&](int64_t begin, int64_t end) {
+    const __m512i zero_i = _mm512_setzero_si512(), one = _mm512_set1_epi32(1);
+    const __m512i two = _mm512_set1_epi32(2), three = _mm512_set1_epi32(3);
+    const __m512i cut = _mm512_set1_epi32(4);
     const __m512 zero = _mm512_setzero_ps();
-    for (int64_t nh = b; nh < e; ++nh) {
-      int64_t n = nh / H2, h2 = nh % H2;
+    for (int64_t nh = begin; nh < end; ++nh) {
+      const int64_t n = nh / H2, h2 = nh % H2;
       for (int64_t w2 = 0; w2 < W2; ++w2) {
-        const float* r0 = xp + ((n * H + 2 * h2) * W + 2 * w2) * C;
-        const float* r1 = r0 + W * C;
-        float* o = op + ((n * H2 + h2) * W2 + w2) * C;
+        const T* r0 = xp + ((n * H + 2 * h2) * W + 2 * w2) * C;
+        const T* r1 = r0 + W * C;
+        T* o = op + ((n * H2 + h2) * W2 + w2) * C;
         uint8_t* k = cp + ((n * H2 + h2) * W2 + w2) * C;
         for (int64_t c = 0; c < C; c += 16) {
-          __m512 a = _mm512_loadu_ps(r0 + c), bb = _mm512_loadu_ps(r0 + C + c);
-          __m512 d = _mm512_loadu_ps(r1 + c), ee = _mm512_loadu_ps(r1 + C + c);
-          // v replaces the maximum so far when v > it or v is NaN.
-          __mmask16 mb = _mm512_cmp_ps_mask(bb, a, _CMP_GT_OQ) | _mm512_cmp_ps_mask(bb, bb, _CMP_UNORD_Q);
-          __m512 m01 = _mm512_mask_blend_ps(mb, a, bb); __m512i i01 = _mm512_mask_blend_epi32(mb, zi, one);
-          __mmask16 me = _mm512_cmp_ps_mask(ee, d, _CMP_GT_OQ) | _mm512_cmp_ps_mask(ee, ee, _CMP_UNORD_Q);
-          __m512 m23 = _mm512_mask_blend_ps(me, d, ee); __m512i i23 = _mm512_mask_blend_epi32(me, two, three);
-          // The second row's winner replaces the first's as it would have in
-          // one scan: when greater, or NaN.
-          __mmask16 s = _mm512_cmp_ps_mask(m23, m01, _CMP_GT_OQ) | _mm512_cmp_ps_mask(m23, m23, _CMP_UNORD_Q);
-          __m512 m = _mm512_mask_blend_ps(s, m01, m23); __m512i idx = _mm512_mask_blend_epi32(s, i01, i23);
-          // ReLU keeps what is not <= 0 (NaN stays NaN, and its gradient passes).
-          __mmask16 keep = _mm512_cmp_ps_mask(m, zero, _CMP_NLE_UQ);
-          _mm512_storeu_ps(o + c, _mm512_maskz_mov_ps(keep, m));
-          _mm_storeu_si128((__m128i*)(k + c), _mm512_cvtepi32_epi8(_mm512_mask_blend_epi32(keep, four, idx)));
+          const __m512 a = load16(r0 + c), b = load16(r0 + C + c);
+          const __m512 d = load16(r1 + c), e = load16(r1 + C + c);
+          const __mmask16 b_wins = replaces(b, a);
+          const __m512 top = _mm512_mask_blend_ps(b_wins, a, b);
+          const __m512i top_at = _mm512_mask_blend_epi32(b_wins, zero_i, one);
+          const __mmask16 e_wins = replaces(e, d);
+          const __m512 bottom = _mm512_mask_blend_ps(e_wins, d, e);
+          const __m512i bottom_at = _mm512_mask_blend_epi32(e_wins, two, three);
+          // The second row's winner replaces the first's as it would have
+          // in one scan of the window.
+          const __mmask16 second = replaces(bottom, top);
+          const __m512 m = _mm512_mask_blend_ps(second, top, bottom);
+          const __m512i at = _mm512_mask_blend_epi32(second, top_at, bottom_at);
+          // ReLU keeps what is not <= 0 (NaN stays NaN; its gradient passes).
+          const __mmask16 keep = _mm512_cmp_ps_mask(m, zero, _CMP_NLE_UQ);
+          store16(o + c, _mm512_maskz_mov_ps(keep, m));
+          const __m128i bytes = _mm512_cvtepi32_epi8(_mm512_mask_blend_epi32(keep, cut, at));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(k + c), bytes);
         }
       }
     }
   });
   return {out, code};
 }
-torch::Tensor bwd(torch::Tensor g, torch::Tensor code, int64_t H, int64_t W) {
+
+// The input gradient, channels-last (N,C,H,W): each window's winner gets the
+// output's gradient, the rest (and cut windows) zero; written once.
+template <typename T>
+torch::Tensor backward(torch::Tensor g, const torch::Tensor& code, int64_t H, int64_t W) {
   g = g.contiguous(at::MemoryFormat::ChannelsLast);
-  auto N = g.size(0), C = g.size(1), H2 = g.size(2), W2 = g.size(3);
+  const int64_t N = g.size(0), C = g.size(1), H2 = g.size(2), W2 = g.size(3);
   auto gx = torch::empty({N, C, H, W}, g.options().memory_format(at::MemoryFormat::ChannelsLast));
-  const float* gp = g.data_ptr<float>(); const uint8_t* cp = code.data_ptr<uint8_t>(); float* xp = gx.data_ptr<float>();
-  at::parallel_for(0, N * H2, 1, [&](int64_t b, int64_t e) {
-    const __m512i q1 = _mm512_set1_epi32(1), q2 = _mm512_set1_epi32(2), q3 = _mm512_set1_epi32(3), q0 = _mm512_setzero_si512();
-    for (int64_t nh = b; nh < e; ++nh) {
-      int64_t n = nh / H2, h2 = nh % H2;
+  const T* gp = g.data_ptr<T>();
+  const uint8_t* cp = code.data_ptr<uint8_t>();
+  T* xp = gx.data_ptr<T>();
+  at::parallel_for(0, N * H2, 1, [&](int64_t begin, int64_t end) {
+    const __m512i q0 = _mm512_setzero_si512(), q1 = _mm512_set1_epi32(1);
+    const __m512i q2 = _mm512_set1_epi32(2), q3 = _mm512_set1_epi32(3);
+    for (int64_t nh = begin; nh < end; ++nh) {
+      const int64_t n = nh / H2, h2 = nh % H2;
       for (int64_t w2 = 0; w2 < W2; ++w2) {
-        float* r0 = xp + ((n * H + 2 * h2) * W + 2 * w2) * C;
-        float* r1 = r0 + W * C;
-        const float* gg = gp + ((n * H2 + h2) * W2 + w2) * C;
+        T* r0 = xp + ((n * H + 2 * h2) * W + 2 * w2) * C;
+        T* r1 = r0 + W * C;
+        const T* gg = gp + ((n * H2 + h2) * W2 + w2) * C;
         const uint8_t* k = cp + ((n * H2 + h2) * W2 + w2) * C;
         for (int64_t c = 0; c < C; c += 16) {
-          __m512 v = _mm512_loadu_ps(gg + c);
-          __m512i i = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(k + c)));
-          _mm512_storeu_ps(r0 + c, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, q0), v));
-          _mm512_storeu_ps(r0 + C + c, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, q1), v));
-          _mm512_storeu_ps(r1 + c, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, q2), v));
-          _mm512_storeu_ps(r1 + C + c, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, q3), v));
+          const __m512 v = load16(gg + c);
+          const __m512i i = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + c)));
+          store16(r0 + c, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, q0), v));
+          store16(r0 + C + c, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, q1), v));
+          store16(r1 + c, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, q2), v));
+          store16(r1 + C + c, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, q3), v));
         }
       }
     }
   });
   return gx;
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> fwd(torch::Tensor x) {
+  if (x.scalar_type() == at::kBFloat16) return forward<at::BFloat16>(x);
+  return forward<float>(x);
+}
+
+torch::Tensor bwd(torch::Tensor g, torch::Tensor code, int64_t H, int64_t W) {
+  if (g.scalar_type() == at::kBFloat16) return backward<at::BFloat16>(g, code, H, W);
+  return backward<float>(g, code, H, W);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

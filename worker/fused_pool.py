@@ -13,7 +13,8 @@ It is compiled on the node, once per kernel source and torch version, by
 and ninja, about 20 s of one core), which the worker starts in the
 background, idle-priority, when it first runs on a machine. Until it is
 there, on CPUs without AVX-512 and for anything but the built-in model's
-float32 channels-last shapes, ranks run aten's max-pool and ReLU.
+float32 and bfloat16 channels-last shapes, ranks run aten's max-pool and
+ReLU.
 """
 
 from __future__ import annotations
@@ -173,14 +174,15 @@ def _load(directory: Path | None) -> str | None:
 
 
 def applies(x: torch.Tensor) -> bool:
-    """Whether the loaded kernel takes ``x``: float32 on the CPU, laid out
-    channels-last, channels in sixteens, even height and width."""
+    """Whether the loaded kernel takes ``x``: float32 or bfloat16 (bf16-mixed's
+    activations) on the CPU, laid out channels-last, channels in sixteens,
+    even height and width."""
     import torch
 
     return (
         _loaded is not None
         and x.device.type == "cpu"
-        and x.dtype == torch.float32
+        and x.dtype in (torch.float32, torch.bfloat16)
         and x.dim() == 4
         and x.shape[1] % 16 == 0
         and x.shape[2] % 2 == 0

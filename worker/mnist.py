@@ -375,7 +375,7 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
     data = train_data(spec, ctx.data_dir, ctx.rank, ctx.world_size, ctx.device)
     model = build_model(spec, ctx.device, dropout=dropout)
     perf = spec.performance
-    if ctx.is_master and perf.pool_before_relu and perf.precision == "fp32":
+    if ctx.is_master and perf.pool_before_relu and ctx.device.type == "cpu":
         print(fused_pool.status(), flush=True)
     # Before DDP: a flat optimizer moves the parameters' memory, and DDP
     # should see them where they will stay.

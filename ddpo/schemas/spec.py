@@ -131,7 +131,7 @@ class Performance(Strict):
         description="The max-pool and the ReLU after it as one AVX-512 kernel the worker "
         "compiles once per machine (worker/fused_pool.py): the same values and gradients, "
         "without aten's zero-filled input gradient and int64 indices. Where it is not built "
-        "yet, on CPUs without AVX-512 and in bf16/fp16: aten's ops",
+        "yet, on CPUs without AVX-512 and on GPUs: aten's ops",
     )
     inplace_relu: bool = Field(
         True,

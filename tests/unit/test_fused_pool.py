@@ -64,14 +64,18 @@ def windows() -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last)
 
 
-def test_the_kernel_gives_atens_values_and_gradients_bit_for_bit(kernel: Path) -> None:
-    x = windows()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kernel_gives_atens_values_and_gradients_bit_for_bit(
+    kernel: Path, dtype: torch.dtype
+) -> None:
+    x = windows().to(dtype)  # bfloat16: bf16-mixed's activations
     theirs, ours = x.clone().requires_grad_(), x.clone().requires_grad_()
     assert fused_pool.applies(ours)
     expected, got = F.relu(F.max_pool2d(theirs, 2)), fused_pool.pool_relu(ours)
     assert got.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(expected.isnan(), got.isnan())
     assert torch.equal(expected.nan_to_num(), got.nan_to_num())
+    assert got.dtype == dtype
     grad = torch.randn_like(expected)
     expected.backward(grad)
     got.backward(grad)
@@ -109,10 +113,29 @@ def test_the_built_in_model_trains_the_same_weights_with_it(kernel: Path) -> Non
         assert torch.equal(p, q)
 
 
+def test_a_bf16_mixed_step_runs_the_kernel_with_atens_gradients(kernel: Path) -> None:
+    torch.manual_seed(0)
+    fused = mnist.build_model(JobSpec(), CPU).eval()  # no dropout: one step compared
+    aten = mnist.build_model(JobSpec(performance={"fused_pool": False}), CPU).eval()
+    aten.load_state_dict(fused.state_dict())
+    images = torch.randn(32, 1, 28, 28).contiguous(memory_format=torch.channels_last)
+    target = torch.randint(0, 10, (32,))
+    used: list[bool] = []
+    fused.conv2.register_forward_hook(lambda _m, _i, out: used.append(fused_pool.applies(out)))
+    for model in (fused, aten):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.nll_loss(model(images), target)
+        loss.backward()
+    assert used == [True]
+    for p, q in zip(fused.parameters(), aten.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None
+        assert torch.equal(p.grad, q.grad)
+
+
 @pytest.mark.parametrize(
     "shape, dtype, channels_last",
     [
-        ((8, 32, 24, 24), torch.bfloat16, True),  # bf16-mixed's activations
+        ((8, 32, 24, 24), torch.float16, True),  # fp16-mixed's (on GPUs anyway)
         ((8, 32, 24, 24), torch.float32, False),  # NCHW
         ((8, 8, 24, 24), torch.float32, True),  # channels not in sixteens
         ((8, 32, 23, 24), torch.float32, True),  # an odd height
