@@ -98,7 +98,7 @@ def build(directory: Path) -> Path:
     build at a time per directory; the library appears whole (renamed into
     place), so a rank never loads a half-written one. Raises where it
     cannot (no compiler, no AVX-512)."""
-    import torch
+    import torch  # noqa: F401 (its OpenMP runtime loaded, for _torch_openmp)
     from torch.utils import cpp_extension
 
     if not cpu_supports():
@@ -109,7 +109,7 @@ def build(directory: Path) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if target.exists():
             return target
-        torch_lib = Path(torch.__file__).parent / "lib"
+        openmp = _torch_openmp()
         os.environ["PATH"] = _tool_path()
         with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as work:
             cpp_extension.load(
@@ -120,7 +120,7 @@ def build(directory: Path) -> Path:
                 # at::parallel_for on torch's own OpenMP runtime (the wheel's
                 # libgomp): a second runtime would start threads of its own to
                 # fight torch's for the cores (the step ran 1.37x slower).
-                extra_ldflags=[f"-L{torch_lib}", "-l:libgomp.so.1", f"-Wl,-rpath,{torch_lib}"],
+                extra_ldflags=[str(openmp), f"-Wl,-rpath,{openmp.parent}"],
                 verbose=False,
             )
             built = Path(work) / f"{module_name()}.so"
@@ -128,6 +128,16 @@ def build(directory: Path) -> Path:
             shutil.copyfile(built, staged)
             os.replace(staged, target)
     return target
+
+
+def _torch_openmp() -> Path:
+    """The OpenMP runtime torch loaded in this process (the wheel's own
+    libgomp, whatever its file is called), read from the process's maps."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = Path(line.split()[-1]) if "/" in line else None
+        if path is not None and path.name.startswith("libgomp"):
+            return path
+    raise RuntimeError("torch's OpenMP runtime (libgomp) is not loaded: nothing to link to")
 
 
 def status() -> str:
