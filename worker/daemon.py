@@ -259,7 +259,10 @@ class Worker:
         machine lacks it (once per kernel and torch version, shared by the
         machine's workers): in the background, at idle priority, so a job
         that starts meanwhile keeps its cores and runs aten's ops."""
-        if self._builder is not None or not self.settings.build_extensions:
+        if self._builder is not None:
+            self._reap_builder()
+            return
+        if not self.settings.build_extensions:
             return
         directory = self.settings.extensions_dir.resolve()
         if not fused_pool.cpu_supports() or fused_pool.library(directory).exists():
@@ -284,6 +287,17 @@ class Worker:
                 # Its own group: the compiler it starts goes with it.
                 start_new_session=True,
             )
+
+    def _reap_builder(self) -> None:
+        """Say once how the kernel's build ended (and reap it)."""
+        assert self._builder is not None
+        if self._builder.returncode is not None or self._builder.poll() is None:
+            return
+        log_path = self.settings.work_dir.resolve() / "extensions.log"
+        if self._builder.returncode == 0:
+            log.info("the fused max-pool kernel is built: jobs from now on use it")
+        else:
+            log.warning("the fused max-pool kernel was not built (%s): jobs run aten's", log_path)
 
     def _leave(self) -> None:
         """Asked to exit with parts running: tell the server this node is

@@ -23,7 +23,7 @@ from typing import Any
 
 from ddpo.failures import FailureReason
 from ddpo.schemas.protocol import TrainerOffer
-from worker import rank_env, runfiles, shield, trainers
+from worker import fused_pool, rank_env, runfiles, shield, trainers
 from worker._process import die_with_parent, hide_files, keep_freed_memory
 from worker.local_allreduce import LocalGroup
 
@@ -137,6 +137,12 @@ def launch(config: runfiles.LaunchConfig) -> runfiles.Outcome:
         return script_launch.run(config)
     if assignment.spec.performance.keep_freed_memory:
         keep_freed_memory()
+    if assignment.spec.performance.fused_pool:
+        # Loaded here, the ranks forked from here have it (a spawned rank
+        # loads it itself); the trainer's prepare can say which ran.
+        fused_pool.load(config.extensions_dir)
+    else:
+        fused_pool.disable("performance.fused_pool is off")
     try:
         trainer = trainers.resolve(assignment.spec.trainer, config.trainers)
         trainer.params_of(assignment.spec)  # refused here, before any rank starts

@@ -190,9 +190,13 @@ def prepare(data_dir: Path, spec: JobSpec) -> None:
     """Make sure the MNIST files are there (downloading them only if absent),
     and when several ranks will be forked from here, normalise both splits
     once for all of them: one 188 MB copy of the training images per machine,
-    not one per rank. (A lone rank loads them itself, with all the threads.)"""
+    not one per rank. (A lone rank loads them itself, with all the threads.)
+    Runs in the launcher: its line on which max-pool the ranks run is in the
+    launcher's log, not before the recipe's lines in rank 0's."""
     _ensure_files(data_dir)
     perf = spec.performance
+    if perf.pool_before_relu and spec.backend != "nccl":
+        print(fused_pool.status(), flush=True)
     if (
         perf.data_pipeline == "tensor"
         and perf.start_method == "fork"
@@ -374,9 +378,6 @@ def train(ctx: TrainContext, *, dropout: bool = True) -> TrainResult | None:
     torch.manual_seed(spec.seed)
     data = train_data(spec, ctx.data_dir, ctx.rank, ctx.world_size, ctx.device)
     model = build_model(spec, ctx.device, dropout=dropout)
-    perf = spec.performance
-    if ctx.is_master and perf.pool_before_relu and ctx.device.type == "cpu":
-        print(fused_pool.status(), flush=True)
     # Before DDP: a flat optimizer moves the parameters' memory, and DDP
     # should see them where they will stay.
     optimizer = build_optimizer(spec, model)
