@@ -80,6 +80,7 @@ class Worker:
         self._forks: ForkServer | None = None
         # The fused kernel's build, once per daemon where it is missing.
         self._builder: subprocess.Popen[bytes] | None = None
+        self._kernel_settled = False  # built, started, or not to be built
         # What the trainers are, when no fork server told (described once).
         self._offers: list[TrainerOffer] | None = None
         self._forks_awaited = False
@@ -258,19 +259,26 @@ class Worker:
         """Compile the built-in trainer's fused max-pool kernel when this
         machine lacks it (once per kernel and torch version, shared by the
         machine's workers): in the background, at idle priority, so a job
-        that starts meanwhile keeps its cores and runs aten's ops."""
+        that starts meanwhile keeps its cores and runs aten's ops. Decided
+        once per daemon: this runs at every idle poll."""
         if self._builder is not None:
             self._reap_builder()
             return
-        if not self.settings.build_extensions:
+        if self._kernel_settled:
             return
+        self._kernel_settled = True
         directory = self.settings.extensions_dir.resolve()
-        if not fused_pool.cpu_supports() or fused_pool.library(directory).exists():
+        if (
+            not self.settings.build_extensions
+            or not fused_pool.cpu_supports()
+            or fused_pool.library(directory).exists()
+        ):
             return
-        log_path = self.settings.work_dir.resolve() / "extensions.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log.info("compiling the fused max-pool kernel into %s (log: %s)", directory, log_path)
-        with open(log_path, "ab") as out:
+        self._extensions_log.parent.mkdir(parents=True, exist_ok=True)
+        log.info(
+            "compiling the fused max-pool kernel into %s (log: %s)", directory, self._extensions_log
+        )
+        with open(self._extensions_log, "ab") as out:
             self._builder = subprocess.Popen(
                 [
                     sys.executable,
@@ -288,16 +296,22 @@ class Worker:
                 start_new_session=True,
             )
 
+    @property
+    def _extensions_log(self) -> Path:
+        return self.settings.work_dir.resolve() / "extensions.log"
+
     def _reap_builder(self) -> None:
         """Say once how the kernel's build ended (and reap it)."""
         assert self._builder is not None
         if self._builder.returncode is not None or self._builder.poll() is None:
             return
-        log_path = self.settings.work_dir.resolve() / "extensions.log"
         if self._builder.returncode == 0:
             log.info("the fused max-pool kernel is built: jobs from now on use it")
         else:
-            log.warning("the fused max-pool kernel was not built (%s): jobs run aten's", log_path)
+            log.warning(
+                "the fused max-pool kernel was not built (%s): jobs run aten's",
+                self._extensions_log,
+            )
 
     def _leave(self) -> None:
         """Asked to exit with parts running: tell the server this node is

@@ -53,6 +53,7 @@ _loaded: ModuleType | None = None
 _why_not: str | None = "not loaded"
 
 
+@functools.cache
 def module_name() -> str:
     """Named after the source and torch's version: a change to either is a
     new build, never a stale library loaded."""
@@ -65,6 +66,7 @@ def library(directory: Path) -> Path:
     return directory / f"{module_name()}.so"
 
 
+@functools.cache
 def cpu_supports() -> bool:
     try:
         text = Path("/proc/cpuinfo").read_text()
