@@ -8,8 +8,9 @@ transaction, so a job is either placed on all of its machines or on none.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TypedDict
 
 from ddpo.lifecycle import PendingCode
@@ -126,28 +127,39 @@ def _counts(
 def place_gang(spec: JobSpec, nodes: Sequence[NodeCapacity]) -> Placement | Pending:
     """M distinct suitable nodes with a free slot each, or why not (an
     elastic job: at least its min, as many as are free up to its max)."""
-    machines = spec.topology.num_machines
     suitable, free = _suitable_and_free(spec, nodes)
-    counts = _counts(spec, nodes, suitable, free)
-    if len(suitable) < machines:
+    return _gang(
+        spec,
+        _counts(spec, nodes, suitable, free),
+        # Spread load: the emptiest nodes first, then the oldest, for stable picks.
+        lambda machines: [
+            n.node_id
+            for n in heapq.nsmallest(machines, free, key=lambda n: (-n.free_slots, n.node_id))
+        ],
+    )
+
+
+def _gang(spec: JobSpec, counts: Counts, choose: Callable[[int], list[int]]) -> Placement | Pending:
+    """place_gang's decision from the counts, ``choose`` picking that many
+    of the free suitable nodes."""
+    machines = spec.topology.num_machines
+    suitable, free, live = counts["nodes_suitable"], counts["nodes_free"], counts["nodes_live"]
+    if suitable < machines:
         return Pending(
             PendingCode.NO_SUITABLE_NODES,
             f"needs {machines} live node(s) with {_requirement(spec)}; "
-            f"{len(suitable)} of {len(nodes)} live node(s) qualify",
+            f"{suitable} of {live} live node(s) qualify",
             **counts,
         )
-    if len(free) < machines:
+    if free < machines:
         return Pending(
             PendingCode.WAITING_FOR_SLOTS,
-            f"waiting for {machines} free node(s); {len(free)} of {len(suitable)} "
+            f"waiting for {machines} free node(s); {free} of {suitable} "
             f"suitable node(s) have a free slot",
             **counts,
         )
     # An elastic job takes every free suitable node, up to its max.
-    machines = min(len(free), spec.topology.most_machines)
-    # Spread load: the emptiest nodes first, then the oldest, for stable picks.
-    chosen = heapq.nsmallest(machines, free, key=lambda n: (-n.free_slots, n.node_id))
-    return Placement(tuple(n.node_id for n in chosen))
+    return Placement(tuple(choose(min(free, spec.topology.most_machines))))
 
 
 def could_start(spec: JobSpec, nodes: Iterable[NodeCapacity]) -> bool:
@@ -182,28 +194,119 @@ def plan(
     First come, first served: once a job is waiting only for busy nodes, the
     jobs behind it wait too. Jobs that no current node could ever run (say,
     nccl with no GPU node) do not hold up the queue.
+
+    The same decisions as :func:`place_gang` asked of the nodes left after
+    each placement, without its passes over every node a job: which nodes
+    suit a kind of job is found once a plan (:class:`_Taking`).
     """
-    current = list(nodes)
-    index = {n.node_id: i for i, n in enumerate(current)}
+    taking = _Taking(nodes)
     decisions: dict[int, Placement | Pending] = {}
     head: int | None = None
     for job_id, spec in queue:
+        kind = taking.kind(spec)
         if head is not None:
-            suitable, free = _suitable_and_free(spec, current)
-            if len(suitable) >= spec.topology.num_machines:
+            counts = taking.counts(spec, kind)
+            if counts["nodes_suitable"] >= spec.topology.num_machines:
                 decisions[job_id] = Pending(
                     PendingCode.QUEUED_BEHIND,
                     f"queued behind job {head}",
                     behind_job=head,
-                    **_counts(spec, current, suitable, free),
+                    **counts,
                 )
                 continue
-        decision = place_gang(spec, current)
+        decision = (
+            place_gang(spec, taking.current)
+            if kind is None
+            else _gang(spec, taking.counts(spec, kind), partial(taking.pick, kind))
+        )
         if isinstance(decision, Placement):
             for node_id in decision.node_ids:
-                taken = current[index[node_id]]
-                current[index[node_id]] = replace(taken, free_slots=taken.free_slots - 1)
+                taking.take(node_id)
         elif decision.waiting_for_slots:
             head = job_id
         decisions[job_id] = decision
     return decisions
+
+
+def _suit_key(spec: JobSpec) -> tuple[object, ...] | None:
+    """What :func:`_suits` asks of a node about ``spec`` (None: a script not
+    pinned to one content, whose nodes depend on the content most have)."""
+    if spec.script is not None:
+        if spec.script.sha256 is None:
+            return None
+        need: tuple[object, ...] = ("script", spec.script.path, spec.script.sha256)
+    else:
+        need = ("trainer", spec.trainer, spec.trainer_version)
+    return (*need, spec.backend, spec.topology.num_processes)
+
+
+@dataclass
+class _Kind:
+    """The nodes that suit one kind of job, and those of them free."""
+
+    members: frozenset[int]  # indices into _Taking.current
+    free: int  # members with a free slot
+    # (-free slots, node id, index) of the free members, place_gang's order;
+    # an entry whose node's slots have changed since is stale, skipped.
+    heap: list[tuple[int, int, int]]
+
+
+class _Taking:
+    """The nodes as a plan takes their slots, with which suit each kind of
+    job (computed once a plan: with thousands of nodes, a pass over every
+    node for each job was most of a plan's time)."""
+
+    def __init__(self, nodes: Sequence[NodeCapacity]) -> None:
+        self.current = list(nodes)
+        self._index = {n.node_id: i for i, n in enumerate(self.current)}
+        self._kinds: dict[tuple[object, ...], _Kind] = {}
+
+    def kind(self, spec: JobSpec) -> _Kind | None:
+        key = _suit_key(spec)
+        if key is None:
+            return None
+        kind = self._kinds.get(key)
+        if kind is None:
+            members = [i for i, n in enumerate(self.current) if _suits(n, spec)]
+            heap = [
+                (-self.current[i].free_slots, self.current[i].node_id, i)
+                for i in members
+                if self.current[i].free_slots > 0
+            ]
+            heapq.heapify(heap)
+            kind = self._kinds[key] = _Kind(frozenset(members), len(heap), heap)
+        return kind
+
+    def counts(self, spec: JobSpec, kind: _Kind | None) -> Counts:
+        if kind is None:
+            suitable, free = _suitable_and_free(spec, self.current)
+            return _counts(spec, self.current, suitable, free)
+        return {
+            "nodes_needed": spec.topology.num_machines,
+            "nodes_suitable": len(kind.members),
+            "nodes_free": kind.free,
+            "nodes_live": len(self.current),
+        }
+
+    def pick(self, kind: _Kind, machines: int) -> list[int]:
+        """The ``machines`` free members place_gang would choose, taken off
+        the kind's heap (:meth:`take` puts back what is left of each)."""
+        chosen: list[int] = []
+        while len(chosen) < machines:
+            slots, node_id, i = heapq.heappop(kind.heap)
+            if -slots == self.current[i].free_slots:
+                chosen.append(node_id)
+        return chosen
+
+    def take(self, node_id: int) -> None:
+        """One slot of the node taken."""
+        i = self._index[node_id]
+        before = self.current[i]
+        after = self.current[i] = replace(before, free_slots=before.free_slots - 1)
+        for kind in self._kinds.values():
+            if i not in kind.members:
+                continue
+            if after.free_slots > 0:
+                heapq.heappush(kind.heap, (-after.free_slots, node_id, i))
+            elif before.free_slots > 0:
+                kind.free -= 1

@@ -1,6 +1,15 @@
 from __future__ import annotations
 
-from api.scheduling import NodeCapacity, Pending, Placement, could_start, place_gang, plan
+from api.scheduling import (
+    NodeCapacity,
+    Pending,
+    Placement,
+    _counts,
+    _suitable_and_free,
+    could_start,
+    place_gang,
+    plan,
+)
 from ddpo.lifecycle import PendingCode
 from ddpo.schemas import JobSpec
 
@@ -137,3 +146,81 @@ def test_could_start_says_what_place_gang_decides_for_every_kind_of_job() -> Non
         for job in kinds:
             placed = isinstance(place_gang(job, nodes), Placement)
             assert could_start(job, nodes) is placed, (seed, job.topology, job.script, nodes)
+
+
+def _plan_node_by_node(
+    queue: list[tuple[int, JobSpec]], nodes: list[NodeCapacity]
+) -> dict[int, Placement | Pending]:
+    """plan as it was written first: place_gang asked of every node left,
+    job by job (what plan's kinds of job and heaps must decide the same as)."""
+    current = list(nodes)
+    index = {n.node_id: i for i, n in enumerate(current)}
+    decisions: dict[int, Placement | Pending] = {}
+    head: int | None = None
+    for job_id, job in queue:
+        if head is not None:
+            fit, free = _suitable_and_free(job, current)
+            if len(fit) >= job.topology.num_machines:
+                decisions[job_id] = Pending(
+                    PendingCode.QUEUED_BEHIND,
+                    f"queued behind job {head}",
+                    behind_job=head,
+                    **_counts(job, current, fit, free),
+                )
+                continue
+        decision = place_gang(job, current)
+        if isinstance(decision, Placement):
+            for node_id in decision.node_ids:
+                taken = current[index[node_id]]
+                current[index[node_id]] = NodeCapacity(
+                    taken.node_id,
+                    taken.name,
+                    taken.free_slots - 1,
+                    taken.gpus,
+                    taken.trainers,
+                    taken.scripts,
+                    taken.trainer_versions,
+                )
+        elif decision.waiting_for_slots:
+            head = job_id
+        decisions[job_id] = decision
+    return decisions
+
+
+def test_plan_decides_what_place_gang_node_by_node_decides_over_queues_and_node_mixes() -> None:
+    """The plan's kinds of job and heaps (one pass over the nodes a kind,
+    not one a job) against place_gang asked of the nodes left after each
+    placement, over queues of every kind of job on nodes of every mix."""
+    import random
+
+    sha_a, sha_b = "a" * 64, "b" * 64
+    kinds = [
+        spec(1),
+        spec(2),
+        spec(3),
+        spec(1, trainer="resnet"),
+        spec(2, 2, backend="nccl"),
+        spec(1, trainer="mnist", trainer_version="2"),
+        spec(topology={"num_machines": 2, "max_machines": 4, "num_processes": 1}),
+        spec(script={"path": "train.py"}),
+        spec(2, script={"path": "train.py"}),
+        spec(1, script={"path": "train.py", "sha256": sha_b}),
+    ]
+    rng = random.Random(7)
+    for trial in range(400):
+        nodes = []
+        for i in range(1, rng.randint(1, 12) + 1):
+            pick = rng.randrange(4)
+            nodes.append(
+                NodeCapacity(
+                    i * 3 % 37,  # ids not in the nodes' order
+                    f"n{i}",
+                    free_slots=rng.randint(-1, 3),
+                    gpus=rng.choice([0, 2]),
+                    trainers=frozenset({"mnist", "resnet"} if pick == 2 else {"mnist"}),
+                    scripts={"train.py": rng.choice([sha_a, sha_b])} if pick else {},
+                    trainer_versions=frozenset({("mnist", rng.choice(["1", "2"]))}),
+                )
+            )
+        queue = [(j, rng.choice(kinds)) for j in range(rng.randint(1, 10))]
+        assert plan(queue, nodes) == _plan_node_by_node(queue, nodes), (trial, queue, nodes)
