@@ -173,7 +173,9 @@ class Database:
                     if not self.is_sqlite:
                         session.flush()
                         if rows:  # delivered at commit, to every other server listening
-                            _count_changes(session, {_table_of(row) for row in rows})
+                            counted = {_table_of(row) for row in rows} & MEMO_TABLES
+                            if counted:
+                                _count_changes(session, counted)
                             self._announce(session, rows, nodes)
                 # Counted before the next writer begins: a memo it reads
                 # (see memoized) is never older than what it sees.
@@ -252,6 +254,14 @@ def kept_specs_of(session: Session) -> KeptValues | None:
     return database.kept_specs if isinstance(database, Database) else None
 
 
+# The tables a memo may read (memoized): on PostgreSQL only their changes
+# are counted in change_count. Counting every table a write touched made
+# nearly every transaction update the same few rows, and a node's report
+# written beside the writer (Database.write, exclusive=False) waited on the
+# writer's lock of the parts row until it committed.
+MEMO_TABLES = frozenset({"node"})
+
+
 def memoized(session: Session, name: str, tables: tuple[type, ...], compute: Callable[[], T]) -> T:
     """What ``compute`` reads from ``tables`` in ``session``, computed again
     only once a committed write has changed one of them: placement and a
@@ -265,10 +275,12 @@ def memoized(session: Session, name: str, tables: tuple[type, ...], compute: Cal
     session's own snapshot (another server's note arrives a moment after
     its commit, too late to go by). A session that has changed one of the
     tables itself computes."""
+    names = tuple(_table_of(table) for table in tables)
+    if not set(names) <= MEMO_TABLES:
+        raise ValueError(f"memoized {name!r} reads {names}; MEMO_TABLES counts {MEMO_TABLES}")
     database = session.info.get(_DATABASE)
     if not isinstance(database, Database):
         return compute()
-    names = tuple(_table_of(table) for table in tables)
     touched = (*session.new, *session.dirty, *session.deleted, *session.info.get(_WRITTEN, ()))
     if any(_table_of(row) in names for row in touched):
         return compute()
