@@ -7,11 +7,12 @@ PostgreSQL database made for the run, with thousands of live nodes.
 
 ``--submitters`` threads submit ``--jobs`` one-machine jobs; each job's
 part is reported started and succeeded from a pool of other threads, as
-nodes would. Prints jobs a second and, for each kind of write (a submit,
-the plan it asks for, a node's started, its finish), how many there were
-and how long each held its transaction open: the time that, summed over
-the kinds that take the write lock, bounds jobs a second (on PostgreSQL a
-node's "started" is written beside the lock holder, its part locked).
+nodes would. Prints jobs a second and, for each kind of write (a group of
+submits and finishes written together with the plan they ask for, a node's
+started), how many there were and how long each held its transaction
+open: the time that, summed over the kinds that take the write lock,
+bounds jobs a second (on PostgreSQL a node's "started" is written beside
+the lock holder, its part locked).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from ddpo.schemas import JobSpec
 from ddpo.schemas.protocol import PartFinished
 
 # The functions whose writes are told apart (the innermost on the stack).
-KINDS = ("plan_in_a_write", "part_started", "_settle_finished", "finish_part", "submit_job")
+KINDS = ("_write_group", "part_started")
 DEADLINE_S = 300.0
 
 

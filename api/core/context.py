@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from sqlmodel import Session
 
 from api.credentials import ApiKeys, NodeCredentials
 from api.settings import ServerSettings
 from api.tracking import Tracking
 from db.engine import Database
 from ddpo.schemas.protocol import MAX_LOG_LINES_PER_BATCH
+
+T = TypeVar("T")
 
 
 class Sightings:
@@ -145,51 +151,78 @@ class Uploads:
             self._bytes.pop(part_id, None)
 
 
-class Coalesced:
-    """Work that one run does for everyone who asked before it began (the
-    queue's plan): while a run is in progress, those who ask meanwhile wait
-    and the next run covers them all. Under a burst of submits and reports,
-    one plan places the jobs of many, rather than a plan each, every one of
-    them a pass over the queue and every node under the write lock."""
+# Writes one grouped transaction takes at most: under a burst, a
+# transaction of this many submits and reports and their plan holds the
+# writer for tens of milliseconds, not for as long as the burst.
+GROUP_MOST = 64
 
-    def __init__(self) -> None:
+
+# Whether the queue needs planning after a write: yes or no, or a check
+# asked only if no other write of its group has said yes already (a group
+# that plans anyway need not ask whether a submit could start).
+PlanNeed = bool | Callable[[], bool]
+
+
+@dataclass(eq=False)
+class Grouped(Generic[T]):
+    """One caller's write waiting to be made in a grouped transaction
+    (:class:`GroupedWrites`): ``work`` makes it in the session it is given
+    and returns its value and whether the queue needs planning after it."""
+
+    work: Callable[[Session], tuple[T, PlanNeed]]
+    value: T | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+class GroupedWrites:
+    """Writes that arrive while another holds the writer, made together in
+    the next transaction (a group commit): under a burst of submits and
+    node reports, one transaction (one turn of the write lock, one commit,
+    one plan of the queue) serves dozens of callers rather than one each.
+    Whoever finds no group being written writes the next one (the oldest
+    :data:`GROUP_MOST` waiting, in the order they came), in its own
+    thread, until its own has been written; the others wait for it."""
+
+    def __init__(self, most: int = GROUP_MOST) -> None:
+        self.most = most
         self._changed = threading.Condition()
-        self._asked = 0  # tickets handed out
-        self._covered = 0  # the last ticket a finished run was asked for
-        self._running = False
-        self._waiting = 0
+        self._waiting: deque[Grouped[Any]] = deque()
+        self._writing = False
 
     @property
     def waiting(self) -> int:
-        """Callers waiting for a run to end."""
+        """Writes waiting for a group (not the one being written)."""
         with self._changed:
-            return self._waiting
+            return len(self._waiting)
 
-    def run(self, work: Callable[[], None]) -> None:
-        """Returns once a run of ``work`` that began after this call has
-        ended: this thread's, or another's that took its ticket too.
-        ``work`` raising ends that run for all it covered (and raises here
-        only in the thread that ran it)."""
+    def run(self, grouped: Grouped[Any], write: Callable[[list[Grouped[Any]]], None]) -> None:
+        """Returns once ``grouped`` is done: ``write`` (which sets each one's
+        value or error) has taken it in a group, in this thread or another.
+        If ``write`` raises, every one in its group without an error of its
+        own ends with that one."""
         with self._changed:
-            self._asked += 1
-            ticket = self._asked
-            while self._covered < ticket:
-                if not self._running:
-                    self._running = True
-                    covers = self._asked
-                    break
-                self._waiting += 1
-                self._changed.wait()
-                self._waiting -= 1
-            else:
-                return
-        try:
-            work()
-        finally:
+            self._waiting.append(grouped)
+        while True:
             with self._changed:
-                self._running = False
-                self._covered = covers
-                self._changed.notify_all()
+                while self._writing and not grouped.done:
+                    self._changed.wait()
+                if grouped.done:
+                    return
+                self._writing = True
+                group = [self._waiting.popleft() for _ in range(min(self.most, len(self._waiting)))]
+            try:
+                write(group)
+            except Exception as exc:  # every one in the group fails with it
+                for one in group:
+                    if one.error is None:
+                        one.error = exc
+            finally:
+                with self._changed:
+                    for one in group:
+                        one.done = True
+                    self._writing = False
+                    self._changed.notify_all()
 
 
 @dataclass
@@ -217,7 +250,7 @@ class Core:
     joins: JoinRate = field(init=False)
     log_rate: LogRate = field(init=False)
     plan_memo: PlanMemo = field(default_factory=PlanMemo)
-    plans: Coalesced = field(default_factory=Coalesced)
+    writes: GroupedWrites = field(default_factory=GroupedWrites)
     uploads: Uploads = field(default_factory=Uploads)
     # Where reports are written on (TensorBoard, MLflow): api/main.py sets
     # this server's; none by default.

@@ -8,10 +8,10 @@ from datetime import timedelta
 from sqlmodel import Session
 
 from api.core import lookup, offers
-from api.core.context import Core
+from api.core.context import Core, PlanNeed
 from api.core.errors import Conflict, NotFound, TooMany
 from api.core.people import Actor, check_may_steer, record
-from api.core.placement import needs_a_plan, plan_queue, schedule
+from api.core.placement import needs_a_plan, schedule, write_grouped
 from api.core.settlement import cancel
 from db import queries
 from db.models import utcnow
@@ -33,7 +33,8 @@ def submit_job(
     # placed later is placed on what they offer then).
     with core.db.read() as session:
         spec = offers.checked(session, spec)
-    with core.db.write() as session:
+
+    def submitting(session: Session) -> tuple[tuple[int, bool], PlanNeed]:
         if idempotency_key is not None:
             existing = queries.get_job_by_idempotency_key(session=session, key=idempotency_key)
             expires = timedelta(hours=core.settings.idempotency_key_hours)
@@ -53,7 +54,7 @@ def submit_job(
                         f"Idempotency-Key {idempotency_key!r} was used for job "
                         f"{existing.id} with a different spec"
                     )
-                return existing.id, False
+                return (existing.id, False), False
         # After the key's lookup: a resend of a job already queued is no new one.
         check_room_in_the_queue(core, session, actor, 1)
         job = queries.insert_job(
@@ -65,13 +66,16 @@ def submit_job(
         )
         assert job.id is not None
         record(session, actor, AuditAction.JOB_SUBMIT, f"job {job.id}", name=spec.name)
-        plan = needs_a_plan(session, job, core.settings)
-        log.info("job %d submitted: %s", job.id, spec.model_dump_json())
-        job_id = job.id
-    if plan:
-        # Answered once planned, so the answer says whether the job started.
-        plan_queue(core)
-    return job_id, True
+        # Asked only if the group this submit is written with plans anyway.
+        return (job.id, True), lambda: needs_a_plan(session, job, core.settings)
+
+    # With the submits and reports waiting meanwhile, and planned with them
+    # if it could start: answered once planned, so the answer says whether
+    # the job started.
+    job_id, created = write_grouped(core, submitting)
+    if created:
+        log.info("job %d submitted: %s", job_id, spec.model_dump_json())
+    return job_id, created
 
 
 def check_room_in_the_queue(core: Core, session: Session, actor: Actor, adding: int) -> None:

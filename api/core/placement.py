@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import Any, TypeVar, cast
 
 from sqlmodel import Session
 
 from api import elastic
-from api.core.context import Core
+from api.core.context import Core, Grouped, PlanNeed
 from api.core.people import Actor, record
 from api.core.settlement import set_job_status
 from api.core.stops import ask_to_stop
@@ -36,6 +37,8 @@ from ddpo.lifecycle import JobStatus, PendingCode, StopReason
 from ddpo.schemas.people import AuditAction
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -287,7 +290,7 @@ def _coming_of_age(
 
 def needs_a_plan(session: Session, job: Job, settings: ServerSettings) -> bool:
     """Whether the queue needs planning now that ``job`` has joined it
-    (then :func:`plan_queue` once this write has committed); if not, the
+    (then in the same transaction, :func:`write_grouped`); if not, the
     job's reason is set here. Nothing else has changed since the queue was
     last planned (whatever frees a slot or brings a node plans it again),
     so a job that could not start even at the head of the line takes
@@ -306,19 +309,67 @@ def needs_a_plan(session: Session, job: Job, settings: ServerSettings) -> bool:
     return False
 
 
-def plan_queue(core: Core) -> None:
-    """Plan the queue in a write of its own, after the caller's committed.
-    Callers at the same time share one plan (Core.plans): a burst of
-    submits and reports is placed in a few transactions, not one each. A
-    plan that fails is logged, not raised: what the caller wrote stands,
-    and the clock's next tick plans again (the tables it reads changed)."""
+def write_grouped(core: Core, work: Callable[[Session], tuple[T, PlanNeed]]) -> T:
+    """``work``'s value, once it has committed: it is made in one
+    transaction with the other submits and reports that were waiting for
+    the writer meanwhile (Core.writes), and if it or any of them says the
+    queue needs planning, the queue is planned in that transaction too. A
+    submit is answered once planned, so its answer says whether the job
+    started."""
+    grouped = Grouped(work)
+    core.writes.run(grouped, lambda group: _write_group(core, group))
+    if grouped.error is not None:
+        raise grouped.error
+    return cast(T, grouped.value)
 
-    def plan_in_a_write() -> None:
-        with core.db.write() as session:
-            schedule(session, core.settings)
 
+def _write_group(core: Core, group: list[Grouped[Any]]) -> None:
+    """One transaction for the whole group, each write in a savepoint of
+    its own: one that raises (a refusal: a full queue, another node's
+    part) has its error and leaves nothing, and the others stand (a node
+    sending bad reports cannot make the writer do a group's work again).
+    An error of the transaction itself (its commit) is raised: every one in
+    the group has it (GroupedWrites.run)."""
+    with core.db.write() as session:
+        needs: list[PlanNeed] = []
+        for grouped in group:
+            try:
+                with session.begin_nested():
+                    value, need = grouped.work(session)
+            except Exception as exc:
+                grouped.error = exc
+                continue
+            grouped.value = value
+            needs.append(need)
+        if _wants_a_plan(session, needs):
+            _plan_beside(session, core.settings)
+
+
+def _wants_a_plan(session: Session, needs: list[PlanNeed]) -> bool:
+    """Whether any write of a group says the queue needs planning, asking
+    the checks only while none has said yes. A check that fails counts as
+    a yes: the plan decides the same (and sets each job's reason)."""
+    if any(need is True for need in needs):
+        return True
+    for need in needs:
+        if not callable(need):
+            continue
+        try:
+            with session.begin_nested():
+                if need():
+                    return True
+        except Exception:
+            log.exception("asking whether the queue needs planning failed; planning it")
+            return True
+    return False
+
+
+def _plan_beside(session: Session, settings: ServerSettings) -> None:
+    """The queue planned in ``session`` after the group's writes, within a
+    savepoint: a plan that fails leaves the writes to commit."""
     try:
-        core.plans.run(plan_in_a_write)
+        with session.begin_nested():
+            schedule(session, settings)
     except Exception:
         log.exception("planning the queue failed; the clock's next tick plans it again")
 

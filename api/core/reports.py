@@ -13,7 +13,7 @@ from sqlmodel import Session
 from api.core import lookup, sweeps
 from api.core.context import Core
 from api.core.errors import Conflict, Forbidden, TooMany
-from api.core.placement import plan_queue
+from api.core.placement import write_grouped
 from api.core.settlement import explain_given_up_attempt, may_explain, settle
 from db import queries
 from db.models import LAUNCHER_RANK, Job, LogRow, Part, ProgressRow, utcnow
@@ -206,57 +206,59 @@ def record_logs(core: Core, part_id: int, batch: LogBatch) -> bool:
 def finish_part(core: Core, part_id: int, report: PartFinished) -> bool:
     """A node's processes for this part have exited; settle the job."""
     core.sightings.saw(report.node_id)
-    now = utcnow()
-    settled = _settle_finished(core, part_id, report, now)
-    if settled is not None:
-        # A slot is free now (and the job may retry): planned once the
-        # report has committed, with whatever else arrived meanwhile.
-        plan_queue(core)
-    return bool(settled)
+
+    def settling(session: Session) -> tuple[bool | None, bool]:
+        # Settled or freed a slot (the job may retry): the queue is planned
+        # in the same transaction, with whatever else arrived meanwhile.
+        settled = _settle_finished(session, core, part_id, report, utcnow())
+        return settled, settled is not None
+
+    return bool(write_grouped(core, settling))
 
 
-def _settle_finished(core: Core, part_id: int, report: PartFinished, now: datetime) -> bool | None:
+def _settle_finished(
+    session: Session, core: Core, part_id: int, report: PartFinished, now: datetime
+) -> bool | None:
     """finish_part's write: True if the part's job was settled, False if
     it was an older attempt's part (its slot is free), None if the report
     changed nothing."""
-    with core.db.write() as session:
-        part = lookup.owned_part(session, part_id, report.node_id)
-        if report.result is not None:
-            _speaks_for_the_job(part, "a job's result")
-        if part.status.is_terminal():
-            return None  # already settled: a resend, or the node was lost meanwhile
-        ended = PartStatus(report.status)
-        if part.status is PartStatus.ASSIGNED and ended is not PartStatus.CANCELLED:
-            # Its "started" report was lost on the way; it did run.
-            part.status = move_part(PartStatus.ASSIGNED, PartStatus.RUNNING)
-        part.status = move_part(part.status, ended)
-        part.finished_at = now
-        part.exit_code = report.exit_code
-        part.failing_rank = report.failing_rank
-        part.error = report.traceback_tail or report.message
-        job = lookup.job(session, part.job_id, for_update=True)
-        log.info(
-            "job %d machine %d: %s (exit code %s)",
-            job.id,
-            part.machine_id,
-            report.status,
-            report.exit_code,
-        )
-        if job.current_attempt_id != part.attempt_id:
-            # An older attempt's part: its slot is free now, which a
-            # waiting retry may need.
-            return False
-        if report.result is not None and job.status is JobStatus.RUNNING:
-            job.result = report.result
-        if ended is PartStatus.STOPPED and part.machine_id == 0 and report.step is not None:
-            attempt = queries.get_attempt(session=session, attempt_id=part.attempt_id)
-            if attempt is not None and attempt.stop_reason is not None:
-                attempt.stopped_at_step = report.step
-        if ended is PartStatus.FAILED:
-            _record_failure(session, job, part, report, now)
-        settle(session, job, now, core.settings)
-        sweeps.job_ended(session, job, now, core.settings)
-        return True
+    part = lookup.owned_part(session, part_id, report.node_id)
+    if report.result is not None:
+        _speaks_for_the_job(part, "a job's result")
+    if part.status.is_terminal():
+        return None  # already settled: a resend, or the node was lost meanwhile
+    ended = PartStatus(report.status)
+    if part.status is PartStatus.ASSIGNED and ended is not PartStatus.CANCELLED:
+        # Its "started" report was lost on the way; it did run.
+        part.status = move_part(PartStatus.ASSIGNED, PartStatus.RUNNING)
+    part.status = move_part(part.status, ended)
+    part.finished_at = now
+    part.exit_code = report.exit_code
+    part.failing_rank = report.failing_rank
+    part.error = report.traceback_tail or report.message
+    job = lookup.job(session, part.job_id, for_update=True)
+    log.info(
+        "job %d machine %d: %s (exit code %s)",
+        job.id,
+        part.machine_id,
+        report.status,
+        report.exit_code,
+    )
+    if job.current_attempt_id != part.attempt_id:
+        # An older attempt's part: its slot is free now, which a
+        # waiting retry may need.
+        return False
+    if report.result is not None and job.status is JobStatus.RUNNING:
+        job.result = report.result
+    if ended is PartStatus.STOPPED and part.machine_id == 0 and report.step is not None:
+        attempt = queries.get_attempt(session=session, attempt_id=part.attempt_id)
+        if attempt is not None and attempt.stop_reason is not None:
+            attempt.stopped_at_step = report.step
+    if ended is PartStatus.FAILED:
+        _record_failure(session, job, part, report, now)
+    settle(session, job, now, core.settings)
+    sweeps.job_ended(session, job, now, core.settings)
+    return True
 
 
 def _record_failure(

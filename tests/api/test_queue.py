@@ -124,8 +124,9 @@ def test_the_cli_shows_the_queue_in_order_with_its_reasons(
 def test_submits_at_the_same_time_are_each_answered_with_their_placement(
     client: httpx.Client, server: ThreadedServer
 ) -> None:
-    """Submits arriving together share plans (Core.plans), yet each answer
-    says where its job started, as a submit alone does."""
+    """Submits arriving together are written and planned together
+    (Core.writes), yet each answer says where its job started, as a submit
+    alone does."""
     nodes = [ProtocolNode(client, f"n{i}") for i in range(12)]
     with ThreadPoolExecutor(12) as pool:
         jobs = list(pool.map(lambda i: submit(client, name=f"burst-{i}"), range(12)))

@@ -1,0 +1,183 @@
+"""Core.writes: submits and reports that arrive while another holds the
+writer are made together in the next transaction (api/core/context.py,
+api/core/placement.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlmodel import Session
+
+from api.core import jobs, placement
+from api.core.context import Core, Grouped, GroupedWrites
+from api.core.errors import Conflict
+from api.core.people import Actor
+from db import queries
+from ddpo.schemas import JobSpec
+from tests.api.conftest import wait_for
+from tests.unit.test_core import a_core, join
+
+ALICE = Actor(name="alice", role="user")
+
+
+def _in_threads(calls: list[Callable[[], Any]]) -> tuple[list[threading.Thread], dict[int, Any]]:
+    """Each call in a thread of its own; what each returned or raised, by index."""
+    outcomes: dict[int, Any] = {}
+
+    def run(index: int, call: Callable[[], Any]) -> None:
+        try:
+            outcomes[index] = call()
+        except Exception as exc:
+            outcomes[index] = exc
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    return threads, outcomes
+
+
+def test_writes_arriving_during_a_group_are_written_together_in_the_next() -> None:
+    writes = GroupedWrites()
+    groups: list[list[int]] = []
+    first_began, release = threading.Event(), threading.Event()
+
+    def write(group: list[Grouped[Any]]) -> None:
+        groups.append([])
+        for one in group:
+            one.value = one.work(None)  # type: ignore[arg-type]
+            groups[-1].append(one.value)
+        if not first_began.is_set():
+            first_began.set()
+            assert release.wait(10)
+
+    def call(n: int) -> Any:
+        grouped = Grouped(lambda _session, n=n: n)
+        writes.run(grouped, write)
+        assert grouped.done
+        return grouped.value
+
+    first, outcomes = _in_threads([lambda: call(0)])
+    assert first_began.wait(10)
+    others, later = _in_threads([lambda n=n: call(n) for n in range(1, 6)])
+    wait_for(lambda: writes.waiting == 5, what="five writes waiting on the first group")
+    release.set()
+    for thread in [*first, *others]:
+        thread.join(10)
+    # The first group held only its own; the five that came meanwhile, one group.
+    assert len(groups) == 2 and groups[0] == [0] and sorted(groups[1]) == [1, 2, 3, 4, 5]
+    assert outcomes == {0: 0} and later == {i - 1: i for i in range(1, 6)}
+    assert writes.waiting == 0
+
+
+def test_a_group_takes_at_most_its_size_and_every_write_is_made_in_order() -> None:
+    writes = GroupedWrites(most=3)
+    groups: list[list[int]] = []
+    block = threading.Lock()
+    block.acquire()
+
+    def write(group: list[Grouped[Any]]) -> None:
+        with block if not groups else contextlib.nullcontext():
+            groups.append([one.work(None) for one in group])  # type: ignore[arg-type]
+
+    first, _ = _in_threads([lambda: writes.run(Grouped(lambda _s: -1), write)])
+    wait_for(lambda: writes.waiting == 0 and writes._writing, what="the first group writing")
+    for n in range(8):
+        # One at a time, so they queue in this order.
+        threads, _ = _in_threads([lambda n=n: writes.run(Grouped(lambda _s, n=n: n), write)])
+        first += threads
+        wait_for(lambda n=n: writes.waiting == n + 1, what=f"{n + 1} waiting")
+    block.release()
+    for thread in first:
+        thread.join(10)
+    assert groups == [[-1], [0, 1, 2], [3, 4, 5], [6, 7]]
+
+
+def test_a_group_that_fails_fails_each_of_its_writes_and_the_next_is_written() -> None:
+    writes = GroupedWrites()
+
+    def broken(group: list[Grouped[Any]]) -> None:
+        raise RuntimeError("database gone")
+
+    grouped: Grouped[int] = Grouped(lambda _s: 1)
+    writes.run(grouped, broken)
+    assert grouped.done and isinstance(grouped.error, RuntimeError)
+
+    def fine(group: list[Grouped[Any]]) -> None:
+        for one in group:
+            one.value = 2
+
+    again: Grouped[int] = Grouped(lambda _s: 2)
+    writes.run(again, fine)
+    assert again.value == 2 and again.error is None
+
+
+@pytest.fixture
+def core(tmp_path: Path) -> Iterator[Core]:
+    with a_core(tmp_path) as made:
+        yield made
+
+
+def test_a_refused_write_in_a_group_leaves_nothing_and_the_others_written_in_one_transaction(
+    core: Core, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    join(core, "n0")
+    kept, _ = jobs.submit_job(core, JobSpec(name="kept"), ALICE, idempotency_key="k")
+    transactions: list[int] = []
+    write_group = placement._write_group
+
+    def counted(core: Core, group: list[Grouped[Any]]) -> None:
+        transactions.append(len(group))
+        write_group(core, group)
+
+    monkeypatch.setattr(placement, "_write_group", counted)
+    began, release = threading.Event(), threading.Event()
+
+    def holding(session: Session) -> tuple[None, bool]:
+        began.set()
+        assert release.wait(10)
+        return None, False
+
+    def half_written(session: Session) -> tuple[None, bool]:
+        queries.insert_job(
+            session=session,
+            spec=JobSpec(name="half"),
+            name="half",
+            idempotency_key=None,
+            owner=None,
+        )
+        raise Conflict("refused after writing")
+
+    holder, _ = _in_threads([lambda: placement.write_grouped(core, holding)])
+    assert began.wait(10)
+    threads, outcomes = _in_threads(
+        [
+            lambda: jobs.submit_job(core, JobSpec(name="b", epochs=2), ALICE),
+            # The same key with another spec: refused.
+            lambda: jobs.submit_job(core, JobSpec(name="other"), ALICE, idempotency_key="k"),
+            lambda: jobs.submit_job(core, JobSpec(name="d", epochs=3), ALICE),
+            # Refused after it has written: what it wrote goes with it.
+            lambda: placement.write_grouped(core, half_written),
+        ]
+    )
+    wait_for(lambda: core.writes.waiting == 4, what="four writes waiting for the writer")
+    release.set()
+    for thread in [*holder, *threads]:
+        thread.join(10)
+
+    assert isinstance(outcomes[1], Conflict) and isinstance(outcomes[3], Conflict)
+    (b, b_new), (d, d_new) = outcomes[0], outcomes[2]
+    assert b_new and d_new and len({kept, b, d}) == 3
+    with core.db.read() as session:
+        names = {
+            job.name: job
+            for job in queries.list_jobs(session=session, status=None, limit=10, offset=0)[0]
+        }
+        assert set(names) == {"kept", "b", "d"}
+        assert names["b"].spec.epochs == 2 and names["d"].spec.epochs == 3
+    # The holder's group, then one transaction for all four.
+    assert transactions == [1, 4]
