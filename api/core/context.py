@@ -151,9 +151,9 @@ class Uploads:
             self._bytes.pop(part_id, None)
 
 
-# Writes one grouped transaction takes at most: under a burst, a
-# transaction of this many submits and reports and their plan holds the
-# writer for tens of milliseconds, not for as long as the burst.
+# Writes one grouped transaction takes at most: each costs the writer a
+# few milliseconds, so under a long burst a transaction ends and commits
+# within a second or so rather than growing with the burst.
 GROUP_MOST = 64
 
 
