@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import random
+from dataclasses import replace
+
 from api.scheduling import (
     NodeCapacity,
     Pending,
@@ -23,6 +26,38 @@ def node(
 def spec(machines: int = 1, processes: int = 1, **kw: object) -> JobSpec:
     return JobSpec.model_validate(
         {"topology": {"num_machines": machines, "num_processes": processes}, **kw}
+    )
+
+
+SHA_A, SHA_B = "a" * 64, "b" * 64
+# A job of every kind placement tells apart.
+KINDS = [
+    spec(1),
+    spec(2),
+    spec(3),
+    spec(1, trainer="resnet"),
+    spec(2, 2, backend="nccl"),
+    spec(1, trainer="mnist", trainer_version="2"),
+    spec(topology={"num_machines": 2, "max_machines": 4, "num_processes": 1}),
+    spec(script={"path": "train.py"}),
+    spec(2, script={"path": "train.py"}),
+    spec(1, script={"path": "train.py", "sha256": SHA_B}),
+]
+
+
+def mixed_node(
+    node_id: int, free: int, pick: int, sha: str, gpus: int | None = None, version: str = "0"
+) -> NodeCapacity:
+    """A node of one mix: ``pick`` 1 has GPUs (unless ``gpus`` says), 2 has
+    resnet too, any but 0 holds train.py with content ``sha``."""
+    return NodeCapacity(
+        node_id,
+        f"n{node_id}",
+        free_slots=free,
+        gpus=(2 if pick == 1 else 0) if gpus is None else gpus,
+        trainers=frozenset({"mnist", "resnet"} if pick == 2 else {"mnist"}),
+        scripts={"train.py": sha} if pick else {},
+        trainer_versions=frozenset({("mnist", version)}),
     )
 
 
@@ -112,38 +147,21 @@ def test_a_job_no_node_could_ever_run_does_not_block_the_queue() -> None:
 def test_could_start_says_what_place_gang_decides_for_every_kind_of_job() -> None:
     """The submit's quick check (asking only as many nodes as it takes)
     against the full placement, over nodes of every mix."""
-    sha_a, sha_b = "a" * 64, "b" * 64
-    kinds = [
-        spec(1),
-        spec(2),
-        spec(3),
-        spec(1, trainer="resnet"),
-        spec(2, 2, backend="nccl"),
-        spec(topology={"num_machines": 2, "max_machines": 4, "num_processes": 1}),
-        spec(script={"path": "train.py"}),
-        spec(2, script={"path": "train.py"}),
-        spec(1, script={"path": "train.py", "sha256": sha_b}),
-    ]
 
     def mixed(seed: int) -> list[NodeCapacity]:
-        nodes = []
-        for i in range(1, 7):
-            pick = (seed >> i) & 3
-            nodes.append(
-                NodeCapacity(
-                    i,
-                    f"n{i}",
-                    free_slots=(seed + i) % 3,
-                    gpus=2 if pick == 1 else 0,
-                    trainers=frozenset({"mnist", "resnet"} if pick == 2 else {"mnist"}),
-                    scripts={"train.py": sha_a if pick == 3 else sha_b} if pick else {},
-                )
+        return [
+            mixed_node(
+                i,
+                free=(seed + i) % 3,
+                pick=(seed >> i) & 3,
+                sha=SHA_A if (seed >> i) & 3 == 3 else SHA_B,
             )
-        return nodes
+            for i in range(1, 7)
+        ]
 
     for seed in range(200):
         nodes = mixed(seed)
-        for job in kinds:
+        for job in KINDS:
             placed = isinstance(place_gang(job, nodes), Placement)
             assert could_start(job, nodes) is placed, (seed, job.topology, job.script, nodes)
 
@@ -172,15 +190,7 @@ def _plan_node_by_node(
         if isinstance(decision, Placement):
             for node_id in decision.node_ids:
                 taken = current[index[node_id]]
-                current[index[node_id]] = NodeCapacity(
-                    taken.node_id,
-                    taken.name,
-                    taken.free_slots - 1,
-                    taken.gpus,
-                    taken.trainers,
-                    taken.scripts,
-                    taken.trainer_versions,
-                )
+                current[index[node_id]] = replace(taken, free_slots=taken.free_slots - 1)
         elif decision.waiting_for_slots:
             head = job_id
         decisions[job_id] = decision
@@ -191,36 +201,18 @@ def test_plan_decides_what_place_gang_node_by_node_decides_over_queues_and_node_
     """The plan's kinds of job and heaps (one pass over the nodes a kind,
     not one a job) against place_gang asked of the nodes left after each
     placement, over queues of every kind of job on nodes of every mix."""
-    import random
-
-    sha_a, sha_b = "a" * 64, "b" * 64
-    kinds = [
-        spec(1),
-        spec(2),
-        spec(3),
-        spec(1, trainer="resnet"),
-        spec(2, 2, backend="nccl"),
-        spec(1, trainer="mnist", trainer_version="2"),
-        spec(topology={"num_machines": 2, "max_machines": 4, "num_processes": 1}),
-        spec(script={"path": "train.py"}),
-        spec(2, script={"path": "train.py"}),
-        spec(1, script={"path": "train.py", "sha256": sha_b}),
-    ]
     rng = random.Random(7)
     for trial in range(400):
-        nodes = []
-        for i in range(1, rng.randint(1, 12) + 1):
-            pick = rng.randrange(4)
-            nodes.append(
-                NodeCapacity(
-                    i * 3 % 37,  # ids not in the nodes' order
-                    f"n{i}",
-                    free_slots=rng.randint(-1, 3),
-                    gpus=rng.choice([0, 2]),
-                    trainers=frozenset({"mnist", "resnet"} if pick == 2 else {"mnist"}),
-                    scripts={"train.py": rng.choice([sha_a, sha_b])} if pick else {},
-                    trainer_versions=frozenset({("mnist", rng.choice(["1", "2"]))}),
-                )
+        nodes = [
+            mixed_node(
+                i * 3 % 37,  # ids not in the nodes' order
+                free=rng.randint(-1, 3),
+                pick=rng.randrange(4),
+                sha=rng.choice([SHA_A, SHA_B]),
+                gpus=rng.choice([0, 2]),
+                version=rng.choice(["1", "2"]),
             )
-        queue = [(j, rng.choice(kinds)) for j in range(rng.randint(1, 10))]
+            for i in range(1, rng.randint(1, 12) + 1)
+        ]
+        queue = [(j, rng.choice(KINDS)) for j in range(rng.randint(1, 10))]
         assert plan(queue, nodes) == _plan_node_by_node(queue, nodes), (trial, queue, nodes)
