@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import optuna
@@ -153,17 +154,33 @@ def ask(
     return dict(trial.params), dict(frozen.system_attrs)
 
 
-def should_prune(
-    create: SweepCreate, trials: Sequence[TrialRecord], number: int
-) -> tuple[bool, dict[str, Any]]:
-    """Whether trial ``number`` (running, with its reports so far) should
-    stop now, and its system attributes after the pruner judged it (ASHA
-    notes each rung's value there, which later trials are compared with)."""
+def pruned_at(
+    create: SweepCreate, trials: Sequence[TrialRecord], number: int, steps: Iterable[int]
+) -> tuple[int | None, dict[str, Any]]:
+    """The first of ``steps`` (trial ``number``'s new reports, its values in
+    its record) at which the trial should stop, or None; and its system
+    attributes after the pruner judged it (ASHA notes each rung's value
+    there, which later trials are compared with).
+
+    Each step is judged as if its report had come alone, with the trial's
+    values up to it, so reports that arrive together (a node sends what
+    rank 0 said since its last send) are judged where reports one by one
+    would be. Judged only at the latest, a trial's value some steps past a
+    rung would be noted as the rung's, and an objective that is not
+    monotonic in steps (an epoch's mean loss so far starts again each
+    epoch) compared between trials at different steps: that pruned the
+    best learning rates of README's sweep in some runs and not in others."""
     mine = next(t for t in trials if t.number == number)
-    if create.pruner.kind == "none" or not mine.reports:
-        return False, dict(mine.system_attrs)
-    study = study_of(create, trials, number)
-    frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == number)
-    pruned = study.pruner.prune(study, frozen)
-    after = study._storage.get_trial(frozen._trial_id)
-    return bool(pruned), dict(after.system_attrs)
+    new = sorted({s for s in steps if s in mine.reports})
+    if create.pruner.kind == "none" or not new:
+        return None, dict(mine.system_attrs)
+    before = replace(mine, reports={s: v for s, v in mine.reports.items() if s < new[0]})
+    study = study_of(create, [*(t for t in trials if t.number != number), before], number)
+    trial_id = next(t for t in study.get_trials(deepcopy=False) if t.number == number)._trial_id
+    storage = study._storage
+    for step in new:
+        value = mine.reports[step]
+        storage.set_trial_intermediate_value(trial_id, step, math.nan if value is None else value)
+        if study.pruner.prune(study, storage.get_trial(trial_id)):
+            return step, dict(storage.get_trial(trial_id).system_attrs)
+    return None, dict(storage.get_trial(trial_id).system_attrs)

@@ -218,30 +218,31 @@ def on_progress(
         return
     if trial.state is TrialState.QUEUED:
         trial.state = TrialState.RUNNING
-    if not _keep_reports(sweep, trial, reports):
+    steps = _keep_reports(sweep, trial, reports)
+    if not steps:
         return
     if trial.pruned_at_step is not None or job.status is not JobStatus.RUNNING:
         return
     if any(_is_last(r, job.spec.epochs) for r in reports):
         return  # trained to its end: nothing left to save by stopping it
-    _judge(session, sweep, trial, job, now, settings)
+    _judge(session, sweep, trial, job, steps, now, settings)
 
 
-def _keep_reports(sweep: Sweep, trial: Trial, reports: Sequence[ProgressReport]) -> bool:
-    """The objective's values among ``reports``, kept on the trial by step.
-    False if there were none."""
+def _keep_reports(sweep: Sweep, trial: Trial, reports: Sequence[ProgressReport]) -> list[int]:
+    """The objective's values among ``reports``, kept on the trial by step;
+    the steps they were at (none if no report carried the objective)."""
     new: dict[int, float | None] = {}
     for report in sorted(reports, key=lambda r: r.seq):
         present, value = sweeps.reported(sweep.create.objective.metric, report)
         if present:
             new[sweeps.step_of(report)] = value
     if not new:
-        return False
+        return []
     kept = reports_of(trial)
     sweeps.add_reports(kept, new)
     trial.reports = {str(step): value for step, value in sorted(kept.items())}
     trial.value = kept[max(kept)]
-    return True
+    return sorted(new)
 
 
 def _judge(
@@ -249,25 +250,25 @@ def _judge(
     sweep: Sweep,
     trial: Trial,
     job: Job,
+    steps: Sequence[int],
     now: datetime,
     settings: ServerSettings,
 ) -> None:
-    """The pruner's judgement of the trial at its latest report; a poor
-    trial is asked to stop at a step."""
+    """The pruner's judgement of the trial at each of its new reports' steps
+    in turn; a poor trial is asked to stop at a step."""
     records = [
         record_of(t) for t in queries.trials_of_sweeps(session=session, sweep_ids=[sweep.id or 0])
     ]
     try:
-        prune, system_attrs = _search().should_prune(sweep.create, records, trial.number)
+        step, system_attrs = _search().pruned_at(sweep.create, records, trial.number, steps)
     except Exception:
         # The trial trains on unjudged rather than its node's report
         # failing (and being sent again forever).
         log.exception("sweep %d trial %d: the pruner failed", sweep.id, trial.number)
         return
     trial.system_attrs = system_attrs
-    if not prune:
+    if step is None:
         return
-    step = max(reports_of(trial))
     detail = f"sweep {sweep.id} trial {trial.number} at step {step}"
     if ask_to_stop(session, job, StopReason.PRUNED, detail, now, settings):
         trial.pruned_at_step = step

@@ -353,10 +353,10 @@ def test_a_failing_pruner_leaves_the_trial_training_and_the_report_taken(
 ) -> None:
     from api import search
 
-    def broken(*args: Any) -> tuple[bool, dict[str, Any]]:
+    def broken(*args: Any) -> tuple[int | None, dict[str, Any]]:
         raise RuntimeError("a pruner's bug")
 
-    monkeypatch.setattr(search, "should_prune", broken)
+    monkeypatch.setattr(search, "pruned_at", broken)
     node = ProtocolNode(client, "n", slots=2)
     sweep = client.post("/sweeps", json=sweep_body()).json()
     parts = started(client, node)

@@ -68,30 +68,62 @@ def test_asha_stops_a_trial_worse_than_those_before_it_at_a_rung() -> None:
     for record, value in zip(before, (0.5, 0.6), strict=True):
         record.system_attrs = {"completed_rung_0": value}
     poor = TrialRecord(2, TrialState.RUNNING, {"lr": 4.0}, reports={11: 2.0})
-    prune, attrs = search.should_prune(sweep, [*before, poor], 2)
-    assert prune and attrs["completed_rung_0"] == 2.0
+    step, attrs = search.pruned_at(sweep, [*before, poor], 2, [11])
+    assert step == 11 and attrs["completed_rung_0"] == 2.0
     good = TrialRecord(2, TrialState.RUNNING, {"lr": 0.5}, reports={11: 0.2})
-    assert search.should_prune(sweep, [*before, good], 2)[0] is False
+    assert search.pruned_at(sweep, [*before, good], 2, [11])[0] is None
     # Before its first rung no trial is judged; a diverged one is stopped.
     early = TrialRecord(2, TrialState.RUNNING, {"lr": 4.0}, reports={5: 9.0})
-    assert search.should_prune(sweep, [*before, early], 2)[0] is False
+    assert search.pruned_at(sweep, [*before, early], 2, [5])[0] is None
     diverged = TrialRecord(2, TrialState.RUNNING, {"lr": 5.0}, reports={11: None})
-    assert search.should_prune(sweep, [*before, diverged], 2)[0] is True
+    assert search.pruned_at(sweep, [*before, diverged], 2, [11])[0] is not None
+
+
+def test_reports_that_arrive_together_are_judged_as_if_they_came_one_by_one() -> None:
+    # Rungs at steps 10, 30 and 90. The objective is an epoch's mean loss so
+    # far: at step 41, one batch into epoch 2, it is far below the mean of
+    # epoch 1's first 31 steps, so it must not stand for the value at 30.
+    sweep = create(pruner={"kind": "asha", "reduction_factor": 3, "grace_steps": 10})
+    before = [done(0, 0.4, {11: 1.2, 31: 0.5}), done(1, 0.3, {11: 1.3, 31: 0.6})]
+    for record, rungs in zip(before, ((1.2, 0.5), (1.3, 0.6)), strict=True):
+        record.system_attrs = {f"completed_rung_{k}": v for k, v in enumerate(rungs)}
+    reports: dict[int, float | None] = {11: 1.0, 21: 0.9, 31: 0.8, 40: 0.7, 41: 0.3}
+
+    attrs: dict[str, Any] = {}
+    one_by_one = None
+    for step in reports:
+        upto = {s: v for s, v in reports.items() if s <= step}
+        mine = TrialRecord(2, TrialState.RUNNING, {"lr": 0.1}, upto, attrs)
+        one_by_one, attrs = search.pruned_at(sweep, [*before, mine], 2, [step])
+        if one_by_one is not None:
+            break
+    assert one_by_one == 31 and attrs == {"completed_rung_0": 1.0, "completed_rung_1": 0.8}
+
+    together = TrialRecord(2, TrialState.RUNNING, {"lr": 0.1}, reports)
+    assert search.pruned_at(sweep, [*before, together], 2, list(reports)) == (31, attrs)
+    # Sent in two batches, the second holding the rung's report and later ones.
+    first, attrs = search.pruned_at(sweep, [*before, together], 2, [11, 21])
+    assert first is None and attrs == {"completed_rung_0": 1.0}
+    together.system_attrs = attrs
+    assert search.pruned_at(sweep, [*before, together], 2, [31, 40, 41]) == (
+        31,
+        {"completed_rung_0": 1.0, "completed_rung_1": 0.8},
+    )
 
 
 def test_no_pruner_stops_nothing() -> None:
     poor = TrialRecord(1, TrialState.RUNNING, {"lr": 4.0}, reports={11: 99.0})
-    assert search.should_prune(create(), [done(0, 0.1, {11: 0.1}), poor], 1)[0] is False
+    assert search.pruned_at(create(), [done(0, 0.1, {11: 0.1}), poor], 1, [11])[0] is None
 
 
 def test_the_median_pruner_waits_for_its_startup_trials() -> None:
     sweep = create(pruner={"kind": "median", "startup_trials": 2})
     one = [done(0, 0.1, {10: 0.1})]
     poor = TrialRecord(1, TrialState.RUNNING, {"lr": 4.0}, reports={10: 5.0})
-    assert search.should_prune(sweep, [*one, poor], 1)[0] is False
+    assert search.pruned_at(sweep, [*one, poor], 1, [10])[0] is None
     two = [*one, done(1, 0.2, {10: 0.2})]
     poor = TrialRecord(2, TrialState.RUNNING, {"lr": 4.0}, reports={10: 5.0})
-    assert search.should_prune(sweep, [*two, poor], 2)[0] is True
+    assert search.pruned_at(sweep, [*two, poor], 2, [10])[0] is not None
 
 
 def test_a_trials_spec_carries_its_values() -> None:
