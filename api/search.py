@@ -17,6 +17,7 @@ without. No I/O here: tests/unit/test_sweeps.py drives it with records."""
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -169,18 +170,53 @@ def pruned_at(
     rung would be noted as the rung's, and an objective that is not
     monotonic in steps (an epoch's mean loss so far starts again each
     epoch) compared between trials at different steps: that pruned the
-    best learning rates of README's sweep in some runs and not in others."""
+    best learning rates of README's sweep in some runs and not in others.
+    Only the steps where the pruner may decide are judged (:func:`judged`):
+    a batch of thousands of reports costs the writer a few judgements."""
     mine = next(t for t in trials if t.number == number)
-    new = sorted({s for s in steps if s in mine.reports})
-    if create.pruner.kind == "none" or not new:
+    arrived = {s for s in steps if s in mine.reports}
+    new = sorted(arrived)
+    judging = judged(create, [s for s in mine.reports if s not in arrived], new)
+    if create.pruner.kind == "none" or not judging:
         return None, dict(mine.system_attrs)
-    before = replace(mine, reports={s: v for s, v in mine.reports.items() if s < new[0]})
+    before = replace(mine, reports={s: v for s, v in mine.reports.items() if s < judging[0]})
     study = study_of(create, [*(t for t in trials if t.number != number), before], number)
     trial_id = next(t for t in study.get_trials(deepcopy=False) if t.number == number)._trial_id
     storage = study._storage
-    for step in new:
+    for step in judging:
         value = mine.reports[step]
         storage.set_trial_intermediate_value(trial_id, step, math.nan if value is None else value)
         if study.pruner.prune(study, storage.get_trial(trial_id)):
             return step, dict(storage.get_trial(trial_id).system_attrs)
     return None, dict(storage.get_trial(trial_id).system_attrs)
+
+
+# A pruner that may decide at any step (the median pruner, ASHA with its
+# first rung left to Optuna) judges this many new steps one by one at
+# most; a batch of more is judged at its latest, with every value before.
+JUDGED_ONE_BY_ONE = 8
+
+
+def judged(create: SweepCreate, earlier: Iterable[int], new: Sequence[int]) -> list[int]:
+    """Of a trial's ``new`` steps (ascending; ``earlier``: the steps it
+    reported before), those its pruner is asked about, in order.
+
+    ASHA decides only where a report first reaches a rung (the grace steps
+    times the reduction factor to the power of the rung), and reads no
+    value but that report's: asked there alone, it decides as it would
+    asked at every step. Another pruner (the median's reads every value up
+    to the step) is asked at each, or at the latest of a large batch."""
+    pruner = create.pruner
+    if pruner.kind == "asha" and pruner.grace_steps is not None:
+        seen = sorted({*earlier, *new})
+        asked = []
+        for step in new:
+            at = bisect.bisect_left(seen, step)
+            previous = seen[at - 1] if at else -1
+            rung = pruner.grace_steps
+            while rung <= previous:
+                rung *= pruner.reduction_factor
+            if rung <= step:
+                asked.append(step)
+        return asked
+    return list(new) if len(new) <= JUDGED_ONE_BY_ONE else list(new[-1:])

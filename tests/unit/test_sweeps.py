@@ -4,6 +4,7 @@ rows alone."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -109,6 +110,82 @@ def test_reports_that_arrive_together_are_judged_as_if_they_came_one_by_one() ->
         31,
         {"completed_rung_0": 1.0, "completed_rung_1": 0.8},
     )
+
+
+def test_asha_asked_only_where_reports_reach_a_rung_decides_as_if_asked_at_every_step() -> None:
+    rng = random.Random(7)
+    for _ in range(150):
+        factor, grace = rng.choice((2, 3, 4)), rng.choice((1, 5, 10))
+        sweep = create(pruner={"kind": "asha", "reduction_factor": factor, "grace_steps": grace})
+        before = []
+        for number in range(rng.randint(0, 5)):
+            record = done(number, rng.random(), {})
+            record.system_attrs = {f"completed_rung_{k}": rng.random() for k in range(3)}
+            before.append(record)
+        number = len(before)
+        steps = sorted(rng.sample(range(1, 300), rng.randint(1, 40)))
+        reports: dict[int, float | None] = {
+            s: None if rng.random() < 0.03 else rng.random() for s in steps
+        }
+
+        # Asked at every step, as the reports would be one by one.
+        attrs: dict[str, Any] = {}
+        asked = None
+        for step in steps:
+            upto = {s: v for s, v in reports.items() if s <= step}
+            mine = TrialRecord(number, TrialState.RUNNING, {"lr": 0.1}, upto, attrs)
+            asked, attrs = _asked_at(sweep, [*before, mine], number, step)
+            if asked is not None:
+                break
+
+        together = TrialRecord(number, TrialState.RUNNING, {"lr": 0.1}, reports)
+        assert search.pruned_at(sweep, [*before, together], number, steps) == (asked, attrs)
+
+
+def _asked_at(
+    sweep: SweepCreate, records: list[TrialRecord], number: int, step: int
+) -> tuple[int | None, dict[str, Any]]:
+    """Optuna's pruner asked about ``step`` itself, however far from a rung."""
+    study = search.study_of(sweep, records, number)
+    frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+    assert frozen.last_step == step
+    pruned = study.pruner.prune(study, frozen)
+    after = dict(study._storage.get_trial(frozen._trial_id).system_attrs)
+    return (step if pruned else None), after
+
+
+def test_a_batch_of_thousands_of_reports_is_judged_a_few_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[int] = []
+    real = search.pruner_for
+
+    def counting(create: SweepCreate) -> Any:
+        pruner = real(create)
+        prune = pruner.prune
+
+        def counted(study: Any, trial: Any) -> bool:
+            asked.append(trial.last_step)
+            return bool(prune(study, trial))
+
+        pruner.prune = counted  # type: ignore[method-assign]
+        return pruner
+
+    monkeypatch.setattr(search, "pruner_for", counting)
+    steps = list(range(1, 10_001))
+    reports: dict[int, float | None] = {s: 1.0 for s in steps}
+    flood = TrialRecord(1, TrialState.RUNNING, {"lr": 0.1}, reports)
+    asha = create(pruner={"kind": "asha", "reduction_factor": 3, "grace_steps": 10})
+    assert search.pruned_at(asha, [done(0, 0.1), flood], 1, steps)[0] is None
+    assert asked == [10, 30, 90, 270, 810, 2430, 7290]  # where a report reaches a rung
+    asked.clear()
+    median = create(pruner={"kind": "median", "startup_trials": 1})
+    assert search.pruned_at(median, [done(0, 0.1, {10_000: 2.0}), flood], 1, steps)[0] is None
+    assert asked == [10_000]  # the latest, with every value before it
+    asked.clear()
+    few = steps[: search.JUDGED_ONE_BY_ONE]
+    assert search.pruned_at(median, [done(0, 0.1, {5: 0.5}), flood], 1, few)[0] == 5
+    assert asked == [1, 2, 3, 4, 5]  # a few, one by one, to the first that stops it
 
 
 def test_no_pruner_stops_nothing() -> None:
