@@ -186,8 +186,20 @@ def free_suitable(
     return [n for n in _suitable_and_free(spec, nodes)[1] if n.node_id not in excluding]
 
 
+@dataclass
+class Suits:
+    """Which nodes (indices into a plan's list) suit each kind of job
+    (_suit_key), and each node's index: true of a list for as long as its
+    nodes stay the same but for their free slots, which neither depends on."""
+
+    kinds: dict[tuple[object, ...], frozenset[int]] = field(default_factory=dict)
+    index: dict[int, int] | None = None
+
+
 def plan(
-    queue: Sequence[tuple[int, JobSpec]], nodes: Sequence[NodeCapacity]
+    queue: Sequence[tuple[int, JobSpec]],
+    nodes: Sequence[NodeCapacity],
+    suits: Suits | None = None,
 ) -> dict[int, Placement | Pending]:
     """Decide for each queued job (in queue order) where it starts, or why not.
 
@@ -197,9 +209,11 @@ def plan(
 
     The same decisions as :func:`place_gang` asked of the nodes left after
     each placement, without its passes over every node a job: which nodes
-    suit a kind of job is found once a plan (:class:`_Taking`).
+    suit a kind of job is found once a plan (:class:`_Taking`), or once for
+    many plans: ``suits``, kept by the caller with ``nodes`` while the nodes
+    are the same (filled in here).
     """
-    taking = _Taking(nodes)
+    taking = _Taking(nodes, Suits() if suits is None else suits)
     decisions: dict[int, Placement | Pending] = {}
     head: int | None = None
     for job_id, spec in queue:
@@ -256,10 +270,13 @@ class _Taking:
     job (computed once a plan: with thousands of nodes, a pass over every
     node for each job was most of a plan's time)."""
 
-    def __init__(self, nodes: Sequence[NodeCapacity]) -> None:
+    def __init__(self, nodes: Sequence[NodeCapacity], suits: Suits) -> None:
         self.current = list(nodes)
-        self._index = {n.node_id: i for i, n in enumerate(self.current)}
+        if suits.index is None:
+            suits.index = {n.node_id: i for i, n in enumerate(self.current)}
+        self._index = suits.index
         self._kinds: dict[tuple[object, ...], _Kind] = {}
+        self._suits = suits.kinds
 
     def kind(self, spec: JobSpec) -> _Kind | None:
         key = _suit_key(spec)
@@ -267,14 +284,17 @@ class _Taking:
             return None
         kind = self._kinds.get(key)
         if kind is None:
-            members = [i for i, n in enumerate(self.current) if _suits(n, spec)]
+            members = self._suits.get(key)
+            if members is None:
+                members = frozenset(i for i, n in enumerate(self.current) if _suits(n, spec))
+                self._suits[key] = members
             heap = [
                 (-self.current[i].free_slots, self.current[i].node_id, i)
                 for i in members
                 if self.current[i].free_slots > 0
             ]
             heapq.heapify(heap)
-            kind = self._kinds[key] = _Kind(frozenset(members), len(heap), heap)
+            kind = self._kinds[key] = _Kind(members, len(heap), heap)
         return kind
 
     def counts(self, spec: JobSpec, kind: _Kind | None) -> Counts:

@@ -267,7 +267,8 @@ def memoized(session: Session, name: str, tables: tuple[type, ...], compute: Cal
     only once a committed write has changed one of them: placement and a
     submit's checks read every live node's row, which with thousands of
     nodes cost more than the rest of the transaction, and nodes change far
-    more seldom than jobs. The value must not be changed by its users.
+    more seldom than jobs. The value must not be changed by its users
+    (but for a cache of what follows from it alone, as placement's LiveNodes).
 
     How it knows: on SQLite, where this server is the only writer and
     counts each write before the next begins (Database.write), from those

@@ -57,9 +57,13 @@ class Strict(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _json_types_as_documented(cls, value: Any, info: ValidationInfo) -> Any:
+        if read_back(info):
+            # Written by us as pydantic dumped it (db/types.py), its types
+            # right; and a check added since must not make it unreadable.
+            # Most of a job row's decoding time was this, once a field.
+            return value
         # Strings, objects and nulls are pydantic's to judge; only numbers,
-        # booleans and arrays can be the wrong JSON type here. (Specs read
-        # back from the database go through this too: keep it cheap.)
+        # booleans and arrays can be the wrong JSON type here.
         if isinstance(value, str):
             _check_text(value)
             wanted = cls.model_fields[info.field_name].annotation if info.field_name else str

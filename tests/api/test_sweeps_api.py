@@ -365,3 +365,44 @@ def test_a_failing_pruner_leaves_the_trial_training_and_the_report_taken(
     trials = get(client, sweep["id"])["trials"]
     assert [(t["state"], t["value"]) for t in trials] == [("running", 0.5), ("running", 1.5)]
     assert node.poll(active=list(parts.values()))["checkpoint_and_stop"] == []
+
+
+def test_reports_where_the_pruner_cannot_decide_ask_it_nothing(
+    client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A judgement reads every trial's rows in the writer: ASHA is asked
+    only at a report that reaches a rung, a sweep without a pruner never,
+    and the trial's values are kept either way."""
+    from api import search
+
+    asked: list[int] = []
+    judge = search.pruned_at
+
+    def counted(create: Any, trials: Any, number: int, steps: Any) -> Any:
+        asked.append(number)
+        return judge(create, trials, number, steps)
+
+    monkeypatch.setattr(search, "pruned_at", counted)
+    node = ProtocolNode(client, "n", slots=4)
+    asha = client.post("/sweeps", json=sweep_body()).json()
+    plain = client.post("/sweeps", json=sweep_body(pruner={"kind": "none"})).json()
+    parts = started(client, node)
+    trials = {t["job_id"]: t["number"] for t in asha["trials"]}
+    asha_part = next(part for job, part in parts.items() if job in trials)
+    plain_parts = [part for job, part in parts.items() if job not in trials]
+    for seq, step in enumerate([1, 4, 9]):  # below the first rung (grace_steps 10)
+        report(client, node, asha_part, seq, step, 1.0)
+        for part in plain_parts:
+            report(client, node, part, seq, step, 1.0)
+    assert asked == []
+    report(client, node, asha_part, 3, 11, 1.0)  # reaches the rung: judged there
+    report(client, node, asha_part, 4, 12, 1.0)  # past it, short of the next (20)
+    assert asked == [trials[next(j for j, p in parts.items() if p == asha_part)]]
+    kept = {
+        t["job_id"]: t["value"]
+        for sweep in (asha, plain)
+        for t in get(client, sweep["id"])["trials"]
+    }
+    assert [kept[job] for job, part in parts.items() if part in {asha_part, *plain_parts}] == [
+        1.0
+    ] * 3

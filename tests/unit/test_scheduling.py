@@ -7,6 +7,7 @@ from api.scheduling import (
     NodeCapacity,
     Pending,
     Placement,
+    Suits,
     _counts,
     _suitable_and_free,
     could_start,
@@ -216,3 +217,30 @@ def test_plan_decides_what_place_gang_node_by_node_decides_over_queues_and_node_
         ]
         queue = [(j, rng.choice(KINDS)) for j in range(rng.randint(1, 10))]
         assert plan(queue, nodes) == _plan_node_by_node(queue, nodes), (trial, queue, nodes)
+
+
+def test_plans_sharing_which_nodes_suit_decide_as_plans_that_find_them_anew() -> None:
+    """The server keeps which nodes suit each kind of job with its memo of
+    the live nodes, for every plan until a node changes: plans on those
+    nodes with other free slots and other queues, sharing it, decide what
+    place_gang node by node decides."""
+    rng = random.Random(11)
+    for trial in range(100):
+        fleet = [
+            mixed_node(
+                i * 3 % 37,
+                free=1,
+                pick=rng.randrange(4),
+                sha=rng.choice([SHA_A, SHA_B]),
+                gpus=rng.choice([0, 2]),
+                version=rng.choice(["1", "2"]),
+            )
+            for i in range(1, rng.randint(1, 12) + 1)
+        ]
+        suits = Suits()
+        for turn in range(5):
+            nodes = [replace(n, free_slots=rng.randint(-1, 3)) for n in fleet]
+            queue = [(j, rng.choice(KINDS)) for j in range(rng.randint(1, 10))]
+            decided = plan(queue, nodes, suits)
+            assert decided == _plan_node_by_node(queue, nodes), (trial, turn, queue, nodes)
+        assert suits.kinds, "the plans kept which nodes suit the kinds they placed"
