@@ -119,11 +119,21 @@ _COMPILED = sorted(
 # A request's route is asked by more than one layer (auth, body caps), and
 # a node asks the same few paths (its polls, its part's reports) again and
 # again: each was a pass over every route's pattern, 2% of a busy server's
-# Python. Bounded: a client's made-up paths only evict.
-@lru_cache(maxsize=4096)
+# Python. Kept for this many paths of at most this length (a client's
+# made-up paths evict others, and hold at most 4096 x 256 characters).
+_CACHED_PATHS = 4096
+_CACHED_PATH_CHARS = 256
+
+
 def match(method: str, path: str) -> Route | int:
     """The route a request is for, or the status for one no route covers
     (404: no such path; 405: not with this method). HEAD is GET's."""
+    if len(method) + len(path) > _CACHED_PATH_CHARS:
+        return _match(method, path)
+    return _match_cached(method, path)
+
+
+def _match(method: str, path: str) -> Route | int:
     method = "GET" if method == "HEAD" else method
     path_known = False
     for pattern, route in _COMPILED:
@@ -132,6 +142,9 @@ def match(method: str, path: str) -> Route | int:
                 return route
             path_known = True
     return 405 if path_known else 404
+
+
+_match_cached = lru_cache(maxsize=_CACHED_PATHS)(_match)
 
 
 def find(method: str, template: str) -> Route | None:

@@ -42,3 +42,25 @@ def test_requests_match_their_route_literal_paths_first() -> None:
     assert route_table.match("GET", "/nowhere") == 404
     uploads = [r for r in route_table.ROUTES if r.upload]
     assert uploads == [route_table.PART_CHECKPOINT]
+
+
+def test_a_path_matches_the_same_route_asked_again_or_past_the_cached_length() -> None:
+    """Matches are kept per path: asked again, or for paths too long to keep
+    (a client's made-up ones), the answer is the one a fresh match gives,
+    and a 404 or 405 stays one."""
+    long_id = "9" * (route_table._CACHED_PATH_CHARS + 1)
+    asked = [
+        ("GET", "/jobs/3"),
+        ("HEAD", "/jobs/3"),
+        ("DELETE", "/jobs/3"),
+        ("POST", "/nodes/register"),
+        ("GET", "/nowhere"),
+        ("GET", f"/jobs/{long_id}"),
+        ("PUT", f"/jobs/{long_id}"),
+        ("GET", f"/{long_id}"),
+    ]
+    for method, path in asked * 2:
+        assert route_table.match(method, path) == route_table._match(method, path), (method, path)
+    assert route_table.match("GET", f"/jobs/{long_id}") is route_table.GET_JOB
+    assert route_table.match("PUT", f"/jobs/{long_id}") == 405
+    assert route_table.match("GET", f"/{long_id}") == 404
