@@ -5,6 +5,7 @@ node, retry, cancel), and the domain errors it refuses with."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -267,3 +268,42 @@ def test_a_submit_into_a_full_cluster_reads_none_of_the_queue(
     # Ahead of everyone (a higher priority), it starts at once.
     urgent, _ = jobs.submit_job(core, JobSpec(priority=5), NOBODY)
     assert status(core, urgent) is JobStatus.RUNNING
+
+
+def test_sessions_that_find_a_memo_stale_together_compute_it_once(core: Core) -> None:
+    """The moment a node changes, every submit and plan in flight finds the
+    live nodes' memo stale: one reads the nodes, the others wait for it and
+    take its value, and a node's change after that is read again."""
+    from db.engine import memoized
+    from db.models import Node
+
+    calls: list[int] = []
+    release = threading.Event()
+
+    def compute() -> int:
+        calls.append(len(calls) + 1)
+        release.wait(10)
+        return len(calls)
+
+    got: list[int] = []
+
+    def asking() -> None:
+        with core.db.read() as session:
+            got.append(memoized(session, "test_nodes", (Node,), compute))
+
+    threads = [threading.Thread(target=asking) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    # Each computing at once would call in well within this; one at a time,
+    # only the first does until it is released.
+    deadline = time.monotonic() + 1.0
+    while len(calls) < len(threads) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert calls == [1] and got == [1] * len(threads)
+
+    join(core, "n1")
+    with core.db.read() as session:
+        assert memoized(session, "test_nodes", (Node,), compute) == 2
