@@ -294,9 +294,9 @@ def memoized(session: Session, name: str, tables: tuple[type, ...], compute: Cal
         return value
     # Computed by one session at a time: the moment a node changes, every
     # submit and plan in flight finds the memo stale together, and each
-    # read every node's row (16 submitters spent 1.6 s of one GIL at once
-    # with 5,000 nodes). The others wait and take its value if they see the
-    # same counts. The session's connection is taken first, so the one
+    # read every node's row (with 5,000 nodes, 16 submitters spent over a
+    # second of one GIL on it at once). The others wait and take its value
+    # if they see the same counts. The session's connection is taken first, so the one
     # computing never waits for the pool that those waiting hold.
     session.connection()
     with database._memo_locks.setdefault(name, threading.Lock()):
