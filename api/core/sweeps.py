@@ -256,10 +256,11 @@ def _judge(
 ) -> None:
     """The pruner's judgement of the trial at each of its new reports' steps
     in turn; a poor trial is asked to stop at a step."""
-    pruner = sweep.create.pruner
     arrived = set(steps)
     earlier = [s for s in reports_of(trial) if s not in arrived]
-    if pruner.kind == "none" or not _search().judged(sweep.create, earlier, sorted(arrived)):
+    if sweep.create.pruner.kind == "none" or not _search().judged(
+        sweep.create, earlier, sorted(arrived)
+    ):
         # Nothing to ask (ASHA between its rungs): every trial's rows are
         # read only for a judgement, which costs the writer the more, the
         # more trials and reports the sweep has.

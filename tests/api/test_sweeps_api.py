@@ -385,24 +385,22 @@ def test_reports_where_the_pruner_cannot_decide_ask_it_nothing(
     monkeypatch.setattr(search, "pruned_at", counted)
     node = ProtocolNode(client, "n", slots=4)
     asha = client.post("/sweeps", json=sweep_body()).json()
-    plain = client.post("/sweeps", json=sweep_body(pruner={"kind": "none"})).json()
+    plain_sweep = client.post("/sweeps", json=sweep_body(pruner={"kind": "none"})).json()
     parts = started(client, node)
     trials = {t["job_id"]: t["number"] for t in asha["trials"]}
-    asha_part = next(part for job, part in parts.items() if job in trials)
-    plain_parts = [part for job, part in parts.items() if job not in trials]
+    asha_job, asha_part = next((job, part) for job, part in parts.items() if job in trials)
+    plain = {job: part for job, part in parts.items() if job not in trials}
     for seq, step in enumerate([1, 4, 9]):  # below the first rung (grace_steps 10)
         report(client, node, asha_part, seq, step, 1.0)
-        for part in plain_parts:
+        for part in plain.values():
             report(client, node, part, seq, step, 1.0)
     assert asked == []
     report(client, node, asha_part, 3, 11, 1.0)  # reaches the rung: judged there
     report(client, node, asha_part, 4, 12, 1.0)  # past it, short of the next (20)
-    assert asked == [trials[next(j for j, p in parts.items() if p == asha_part)]]
+    assert asked == [trials[asha_job]]
     kept = {
         t["job_id"]: t["value"]
-        for sweep in (asha, plain)
+        for sweep in (asha, plain_sweep)
         for t in get(client, sweep["id"])["trials"]
     }
-    assert [kept[job] for job, part in parts.items() if part in {asha_part, *plain_parts}] == [
-        1.0
-    ] * 3
+    assert [kept[job] for job in (asha_job, *plain)] == [1.0] * 3
