@@ -7,6 +7,10 @@ into it; with ReLU's forward and backward around it that was about 3 ms of a
 14-15 ms step. The kernel keeps a one-byte code per output and writes the
 input gradient in one pass: the same values and gradients, bit for bit
 (tests/unit/test_fused_pool.py), 0.94 of the step's time (BENCHMARKS.md).
+In training it also applies the first dropout's mask and writes its output
+NCHW (fc1's flatten order), and its backward takes the NCHW gradient: the
+model's two layout copies and four passes over the tensor for the mask and
+the scale go, bit for bit again (about a tenth of an fp32 step).
 
 It is compiled on the node, once per kernel source and torch version, by
 ``python -m worker.fused_pool DIR`` (torch's cpp_extension: a C++ compiler
@@ -222,12 +226,49 @@ def _function() -> Any:
             (code,) = ctx.saved_tensors
             return torch.as_tensor(_loaded.bwd(grad, code, *ctx.size))
 
-    return PoolRelu
+    class PoolReluNCHW(torch.autograd.Function):
+        @staticmethod
+        def forward(
+            ctx: Any, x: torch.Tensor, keep: torch.Tensor | None, scale: float
+        ) -> torch.Tensor:
+            assert _loaded is not None
+            out, code = _loaded.fwd_nchw(x, keep, scale)
+            ctx.save_for_backward(code, keep)
+            ctx.scale, ctx.size = scale, (x.shape[2], x.shape[3])
+            return torch.as_tensor(out)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+            assert _loaded is not None
+            code, keep = ctx.saved_tensors
+            gx = _loaded.bwd_nchw(grad, code, keep, ctx.scale, *ctx.size)
+            return torch.as_tensor(gx), None, None
+
+    return PoolRelu, PoolReluNCHW
 
 
 def pool_relu(x: torch.Tensor) -> torch.Tensor:
     """``relu(max_pool2d(x, 2))`` through the kernel (``applies(x)`` first)."""
-    out: torch.Tensor = _function().apply(x)
+    out: torch.Tensor = _function()[0].apply(x)
+    return out
+
+
+def pool_relu_nchw(
+    x: torch.Tensor, keep: torch.Tensor | None = None, scale: float = 1.0
+) -> torch.Tensor:
+    """``relu(max_pool2d(x, 2)).contiguous()`` (NCHW) through the kernel,
+    and with ``keep`` (a bool mask of the output's shape, NCHW) the dropout
+    ``y * keep * scale``, in one pass each way: the same values and
+    gradients bit for bit (``applies(x)`` first)."""
+    import torch
+
+    if keep is not None:
+        # The kernel reads it by index: a mask of another shape or layout
+        # would be read past its end.
+        expected = (x.shape[0], x.shape[1], x.shape[2] // 2, x.shape[3] // 2)
+        if keep.dtype != torch.bool or tuple(keep.shape) != expected or not keep.is_contiguous():
+            raise ValueError(f"keep must be a contiguous bool tensor of shape {expected}")
+    out: torch.Tensor = _function()[1].apply(x, keep, scale)
     return out
 
 

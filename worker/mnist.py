@@ -77,38 +77,59 @@ class Net(nn.Module):
         self.inplace_relu = inplace_relu
         self.fused_pool = fused_pool
 
-    def _dropout(self, x: torch.Tensor, p: float) -> torch.Tensor:
-        if not self.training or p == 0.0:
-            return x
-        if self.dropout_masks == "pcg64" and x.device.type == "cpu":
-            return x * _pcg64_keep(x.shape, p) * (1.0 / (1.0 - p))
+    def _keep(self, shape: torch.Size, p: float, device: torch.device) -> torch.Tensor | None:
+        """The dropout mask of our own ways (bool, in NCHW order), or None
+        where F.dropout draws its own (``bernoulli``)."""
+        if self.dropout_masks == "pcg64" and device.type == "cpu":
+            return _pcg64_keep(shape, p)
         if self.dropout_masks != "bernoulli":  # uniform, and pcg64 off the CPU
             # P(U >= p) = 1 - p: the Bernoulli(1 - p) mask F.dropout draws,
             # from a uniform fill that is about twice as fast on CPU.
             # Drawn in fp32 whatever x's dtype: under bf16-mixed, bfloat16
             # draws are slower here (1.0 ms against 0.7 for this model's
             # first mask) and p itself is not a bfloat16 value.
-            keep = torch.empty(x.shape, device=x.device).uniform_() >= p
-            return x * keep * (1.0 / (1.0 - p))
-        return F.dropout(x, p, training=True)
+            return torch.empty(shape, device=device).uniform_() >= p
+        return None
+
+    def _dropout(self, x: torch.Tensor, p: float) -> torch.Tensor:
+        if not self.training or p == 0.0:
+            return x
+        keep = self._keep(x.shape, p, x.device)
+        if keep is None:
+            return F.dropout(x, p, training=True)
+        return x * keep * (1.0 / (1.0 - p))
+
+    def _pool_relu(self, x: torch.Tensor) -> torch.Tensor:
+        # ReLU is monotonic, so max(relu(a), relu(b)) == relu(max(a, b));
+        # gradients agree too (both are zero wherever the max is <= 0).
+        if self.pool_before_relu:
+            return F.relu(F.max_pool2d(x, 2))
+        return F.max_pool2d(F.relu(x), 2)
+
+    def _pool_relu_dropout(self, x: torch.Tensor) -> torch.Tensor:
+        """The fused kernel's max-pool, ReLU and first dropout, NCHW out:
+        what the other path computes, bit for bit, without its layout
+        copies and its passes over the tensor for the mask and the scale."""
+        if not self.training or self.p1 == 0.0:
+            return fused_pool.pool_relu_nchw(x)
+        n, c, h, w = x.shape
+        keep = self._keep(torch.Size((n, c, h // 2, w // 2)), self.p1, x.device)
+        if keep is None:
+            return F.dropout(_nchw(fused_pool.pool_relu(x)), self.p1, training=True)
+        return fused_pool.pool_relu_nchw(x, keep, 1.0 / (1.0 - self.p1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # In place, the same values: the convolution's backward needs its
         # input and weight, not its output, so nothing else holds it.
         x = F.relu(self.conv1(x), inplace=self.inplace_relu)
         x = self.conv2(x)
-        # ReLU is monotonic, so max(relu(a), relu(b)) == relu(max(a, b));
-        # gradients agree too (both are zero wherever the max is <= 0).
         if self.pool_before_relu and self.fused_pool and fused_pool.applies(x):
-            x = fused_pool.pool_relu(x)  # the same values and gradients, one kernel
-        elif self.pool_before_relu:
-            x = F.relu(F.max_pool2d(x, 2))
+            x = self._pool_relu_dropout(x)  # the same values and gradients, one kernel
         else:
-            x = F.max_pool2d(F.relu(x), 2)
-        # NCHW whatever the memory format: fc1 expects the recipe's flatten
-        # order, and dropout draws its mask in memory order, so on NCHW it
-        # masks the same elements the recipe's does.
-        x = self._dropout(_nchw(x), self.p1)
+            # NCHW whatever the memory format: fc1 expects the recipe's
+            # flatten order, and dropout draws its mask in memory order, so
+            # on NCHW it masks the same elements the recipe's does.
+            x = self._dropout(_nchw(self._pool_relu(x)), self.p1)
         x = torch.flatten(x, 1)
         x = self._dropout(F.relu(self.fc1(x)), self.p2)
         return F.log_softmax(self.fc2(x), dim=1)

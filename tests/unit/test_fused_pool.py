@@ -84,12 +84,56 @@ def test_the_kernel_gives_atens_values_and_gradients_bit_for_bit(
     assert torch.equal(theirs.grad, ours.grad)
 
 
-def test_the_built_in_model_trains_the_same_weights_with_it(kernel: Path) -> None:
-    spec = JobSpec()  # fused_pool on by default
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dropping", [False, True])
+def test_the_nchw_kernel_gives_the_models_layout_and_dropout_bit_for_bit(
+    kernel: Path, dtype: torch.dtype, dropping: bool
+) -> None:
+    """What the model computes after conv2 on the other path: the pooled
+    values copied to NCHW, then ``y * keep * scale`` (bfloat16: each
+    product rounded as bfloat16 ops round it), and the gradients back."""
+    x = windows().to(dtype)
+    theirs, ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+    generator = torch.Generator().manual_seed(2)
+    keep = torch.rand(128, 32, 12, 12, generator=generator) >= 0.25 if dropping else None
+    scale = 1.0 / (1.0 - 0.25) if dropping else 1.0
+    expected = F.relu(F.max_pool2d(theirs, 2)).contiguous()
+    if keep is not None:
+        expected = expected * keep * scale
+    got = fused_pool.pool_relu_nchw(ours, keep, scale)
+    assert got.is_contiguous() and got.dtype == dtype
+    assert torch.equal(expected.isnan(), got.isnan())
+    # Bit for bit: the sign of each zero too.
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    assert torch.equal(expected.nan_to_num().view(bits), got.nan_to_num().view(bits))
+    grad = (torch.randn(expected.shape, generator=generator) * 3).to(dtype)
+    expected.backward(grad)
+    got.backward(grad)
+    assert theirs.grad is not None and ours.grad is not None
+    assert ours.grad.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(theirs.grad.view(bits), ours.grad.view(bits))
+
+
+def test_the_nchw_kernel_refuses_a_mask_it_would_read_past(kernel: Path) -> None:
+    x = windows()
+    for keep in (
+        torch.ones(128, 32, 12, 11, dtype=torch.bool),  # another shape
+        torch.ones(128, 32, 12, 12),  # not bool
+        torch.ones(128, 12, 12, 32, dtype=torch.bool).permute(0, 3, 1, 2),  # not NCHW
+    ):
+        with pytest.raises(ValueError, match="keep must be"):
+            fused_pool.pool_relu_nchw(x, keep, 2.0)
+
+
+@pytest.mark.parametrize("masks", ["pcg64", "uniform", "bernoulli"])
+def test_the_built_in_model_trains_the_same_weights_with_it(kernel: Path, masks: str) -> None:
+    spec = JobSpec(performance={"dropout_masks": masks})  # fused_pool on by default
     assert spec.performance.fused_pool
     torch.manual_seed(0)
     fused = mnist.build_model(spec, CPU)
-    aten = mnist.build_model(JobSpec(performance={"fused_pool": False}), CPU)
+    aten = mnist.build_model(
+        JobSpec(performance={"dropout_masks": masks, "fused_pool": False}), CPU
+    )
     aten.load_state_dict(fused.state_dict())
     generator = torch.Generator().manual_seed(1)
     batches = [
@@ -111,6 +155,34 @@ def test_the_built_in_model_trains_the_same_weights_with_it(kernel: Path) -> Non
     assert used == [True] * 3  # it ran the kernel
     for p, q in zip(fused.parameters(), aten.parameters(), strict=True):
         assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("masks", ["pcg64", "uniform", "bernoulli"])
+def test_a_bf16_mixed_training_step_with_dropout_gives_atens_gradients(
+    kernel: Path, masks: str
+) -> None:
+    """bf16-mixed in training: the kernel's dropout (or F.dropout's, for
+    ``bernoulli``) on the same masks as the other path's."""
+    spec = JobSpec(performance={"dropout_masks": masks})
+    torch.manual_seed(0)
+    fused = mnist.build_model(spec, CPU)
+    aten = mnist.build_model(
+        JobSpec(performance={"dropout_masks": masks, "fused_pool": False}), CPU
+    )
+    aten.load_state_dict(fused.state_dict())
+    images = torch.randn(32, 1, 28, 28).contiguous(memory_format=torch.channels_last)
+    target = torch.randint(0, 10, (32,))
+    used: list[bool] = []
+    fused.conv2.register_forward_hook(lambda _m, _i, out: used.append(fused_pool.applies(out)))
+    for model in (fused, aten):
+        torch.manual_seed(7)  # the same masks
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.nll_loss(model(images), target)
+        loss.backward()
+    assert used == [True]
+    for p, q in zip(fused.parameters(), aten.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None
+        assert torch.equal(p.grad, q.grad)
 
 
 def test_a_bf16_mixed_step_runs_the_kernel_with_atens_gradients(kernel: Path) -> None:
