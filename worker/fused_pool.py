@@ -249,8 +249,19 @@ def _function() -> Any:
 
 def pool_relu(x: torch.Tensor) -> torch.Tensor:
     """``relu(max_pool2d(x, 2))`` through the kernel (``applies(x)`` first)."""
+    _check(x)
     out: torch.Tensor = _function()[0].apply(x)
     return out
+
+
+def _check(x: torch.Tensor) -> None:
+    # The kernel indexes x as the shapes applies() admits: any other tensor
+    # would be read past its end, not refused.
+    if not applies(x):
+        raise ValueError(
+            "the fused max-pool takes a loaded kernel and a channels-last float32 or "
+            "bfloat16 CPU tensor, channels in sixteens, even height and width"
+        )
 
 
 def pool_relu_nchw(
@@ -262,6 +273,7 @@ def pool_relu_nchw(
     gradients bit for bit (``applies(x)`` first)."""
     import torch
 
+    _check(x)
     if keep is not None:
         # The kernel reads it by index: a mask of another shape or layout
         # would be read past its end.

@@ -114,7 +114,15 @@ def test_the_nchw_kernel_gives_the_models_layout_and_dropout_bit_for_bit(
     assert torch.equal(theirs.grad.view(bits), ours.grad.view(bits))
 
 
-def test_the_nchw_kernel_refuses_a_mask_it_would_read_past(kernel: Path) -> None:
+def test_the_kernel_refuses_what_it_would_read_past(kernel: Path) -> None:
+    for x in (
+        windows().contiguous(),  # NCHW
+        windows()[:, :, :23].contiguous(memory_format=torch.channels_last),  # an odd height
+        windows()[:, :8].contiguous(memory_format=torch.channels_last),  # channels not in 16s
+    ):
+        for pooling in (fused_pool.pool_relu, fused_pool.pool_relu_nchw):
+            with pytest.raises(ValueError, match="channels-last"):
+                pooling(x)
     x = windows()
     for keep in (
         torch.ones(128, 32, 12, 11, dtype=torch.bool),  # another shape
