@@ -66,9 +66,50 @@ inline __mmask16 replaces(__m512 v, __m512 so_far) {
   return _mm512_cmp_ps_mask(v, so_far, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
 }
 
+// Sixteen channels' 2x2 windows (rows r0 and r1, C apart along a row):
+// relu(max), and a code each, 0-3 the winner in row-major order, 4 where
+// the ReLU cut it.
+struct Pooled {
+  __m512 value;
+  __m128i code;
+};
+
+template <typename T>
+inline Pooled pool16(const T* r0, const T* r1, int64_t C) {
+  const __m512 a = load16(r0), b = load16(r0 + C);
+  const __m512 d = load16(r1), e = load16(r1 + C);
+  const __mmask16 b_wins = replaces(b, a);
+  const __m512 top = _mm512_mask_blend_ps(b_wins, a, b);
+  const __m512i top_at = _mm512_mask_blend_epi32(b_wins, _mm512_setzero_si512(), _mm512_set1_epi32(1));
+  const __mmask16 e_wins = replaces(e, d);
+  const __m512 bottom = _mm512_mask_blend_ps(e_wins, d, e);
+  const __m512i bottom_at = _mm512_mask_blend_epi32(e_wins, _mm512_set1_epi32(2), _mm512_set1_epi32(3));
+  // The second row's winner replaces the first's as it would have in one
+  // scan of the window.
+  const __mmask16 second = replaces(bottom, top);
+  const __m512 m = _mm512_mask_blend_ps(second, top, bottom);
+  const __m512i at = _mm512_mask_blend_epi32(second, top_at, bottom_at);
+  // ReLU keeps what is not <= 0 (NaN stays NaN; its gradient passes).
+  const __mmask16 keep = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_NLE_UQ);
+  return {_mm512_maskz_mov_ps(keep, m),
+          _mm512_cvtepi32_epi8(_mm512_mask_blend_epi32(keep, _mm512_set1_epi32(4), at))};
+}
+
+// Sixteen channels' gradients v to their windows' winners (by code), zero
+// to the rest, after + 0: aten adds each gradient into a zero-filled
+// tensor, so a -0 (one that dropout zeroed) arrives as +0.
+template <typename T>
+inline void unpool16(T* r0, T* r1, int64_t C, const uint8_t* code, __m512 v) {
+  v = _mm512_add_ps(v, _mm512_setzero_ps());
+  const __m512i i = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(code)));
+  store16(r0, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, _mm512_setzero_si512()), v));
+  store16(r0 + C, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, _mm512_set1_epi32(1)), v));
+  store16(r1, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, _mm512_set1_epi32(2)), v));
+  store16(r1 + C, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, _mm512_set1_epi32(3)), v));
+}
+
 // x: N,C,H,W channels-last, C % 16 == 0, H and W even. Returns
-// relu(max_pool2d(x, 2)) channels-last, and a code (N,H2,W2,C): 0-3 the
-// window's winner in row-major order, 4 where the ReLU cut it.
+// relu(max_pool2d(x, 2)) channels-last, and a code (N,H2,W2,C): pool16's.
 template <typename T>
 std::vector<torch::Tensor> forward(const torch::Tensor& x) {
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
@@ -79,36 +120,16 @@ std::vector<torch::Tensor> forward(const torch::Tensor& x) {
   T* op = out.data_ptr<T>();
   uint8_t* cp = code.data_ptr<uint8_t>();
   at::parallel_for(0, N * H2, 1, [&](int64_t begin, int64_t end) {
-    const __m512i zero_i = _mm512_setzero_si512(), one = _mm512_set1_epi32(1);
-    const __m512i two = _mm512_set1_epi32(2), three = _mm512_set1_epi32(3);
-    const __m512i cut = _mm512_set1_epi32(4);
-    const __m512 zero = _mm512_setzero_ps();
     for (int64_t nh = begin; nh < end; ++nh) {
       const int64_t n = nh / H2, h2 = nh % H2;
       for (int64_t w2 = 0; w2 < W2; ++w2) {
         const T* r0 = xp + ((n * H + 2 * h2) * W + 2 * w2) * C;
-        const T* r1 = r0 + W * C;
         T* o = op + ((n * H2 + h2) * W2 + w2) * C;
         uint8_t* k = cp + ((n * H2 + h2) * W2 + w2) * C;
         for (int64_t c = 0; c < C; c += 16) {
-          const __m512 a = load16(r0 + c), b = load16(r0 + C + c);
-          const __m512 d = load16(r1 + c), e = load16(r1 + C + c);
-          const __mmask16 b_wins = replaces(b, a);
-          const __m512 top = _mm512_mask_blend_ps(b_wins, a, b);
-          const __m512i top_at = _mm512_mask_blend_epi32(b_wins, zero_i, one);
-          const __mmask16 e_wins = replaces(e, d);
-          const __m512 bottom = _mm512_mask_blend_ps(e_wins, d, e);
-          const __m512i bottom_at = _mm512_mask_blend_epi32(e_wins, two, three);
-          // The second row's winner replaces the first's as it would have
-          // in one scan of the window.
-          const __mmask16 second = replaces(bottom, top);
-          const __m512 m = _mm512_mask_blend_ps(second, top, bottom);
-          const __m512i at = _mm512_mask_blend_epi32(second, top_at, bottom_at);
-          // ReLU keeps what is not <= 0 (NaN stays NaN; its gradient passes).
-          const __mmask16 keep = _mm512_cmp_ps_mask(m, zero, _CMP_NLE_UQ);
-          store16(o + c, _mm512_maskz_mov_ps(keep, m));
-          const __m128i bytes = _mm512_cvtepi32_epi8(_mm512_mask_blend_epi32(keep, cut, at));
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(k + c), bytes);
+          const Pooled pooled = pool16(r0 + c, r0 + W * C + c, C);
+          store16(o + c, pooled.value);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(k + c), pooled.code);
         }
       }
     }
@@ -128,24 +149,14 @@ torch::Tensor backward(torch::Tensor g, const torch::Tensor& code, int64_t H, in
   const uint8_t* cp = code.data_ptr<uint8_t>();
   T* xp = gx.data_ptr<T>();
   at::parallel_for(0, N * H2, 1, [&](int64_t begin, int64_t end) {
-    const __m512i q0 = _mm512_setzero_si512(), q1 = _mm512_set1_epi32(1);
-    const __m512i q2 = _mm512_set1_epi32(2), q3 = _mm512_set1_epi32(3);
     for (int64_t nh = begin; nh < end; ++nh) {
       const int64_t n = nh / H2, h2 = nh % H2;
       for (int64_t w2 = 0; w2 < W2; ++w2) {
         T* r0 = xp + ((n * H + 2 * h2) * W + 2 * w2) * C;
-        T* r1 = r0 + W * C;
         const T* gg = gp + ((n * H2 + h2) * W2 + w2) * C;
         const uint8_t* k = cp + ((n * H2 + h2) * W2 + w2) * C;
         for (int64_t c = 0; c < C; c += 16) {
-          // + 0: aten adds each gradient into a zero-filled tensor, so a
-          // -0 (a gradient dropout zeroed) arrives as +0.
-          const __m512 v = _mm512_add_ps(load16(gg + c), _mm512_setzero_ps());
-          const __m512i i = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + c)));
-          store16(r0 + c, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, q0), v));
-          store16(r0 + C + c, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, q1), v));
-          store16(r1 + c, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, q2), v));
-          store16(r1 + C + c, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, q3), v));
+          unpool16(r0 + c, r0 + W * C + c, C, k + c, load16(gg + c));
         }
       }
     }
@@ -167,31 +178,16 @@ std::vector<torch::Tensor> forward_nchw(
   const bool* kp = keep ? keep->data_ptr<bool>() : nullptr;
   const float s = static_cast<float>(scale);  // a Python float scales a float32 op as float32
   at::parallel_for(0, N * H2, 1, [&](int64_t begin, int64_t end) {
-    const __m512i zero_i = _mm512_setzero_si512(), one = _mm512_set1_epi32(1);
-    const __m512i two = _mm512_set1_epi32(2), three = _mm512_set1_epi32(3);
-    const __m512i cut = _mm512_set1_epi32(4);
-    const __m512 zero = _mm512_setzero_ps(), sv = _mm512_set1_ps(s);
+    const __m512 sv = _mm512_set1_ps(s);
     alignas(64) T staged[16];
     for (int64_t nh = begin; nh < end; ++nh) {
       const int64_t n = nh / H2, h2 = nh % H2;
       for (int64_t w2 = 0; w2 < W2; ++w2) {
         const T* r0 = xp + ((n * H + 2 * h2) * W + 2 * w2) * C;
-        const T* r1 = r0 + W * C;
         uint8_t* k = cp + ((n * H2 + h2) * W2 + w2) * C;
         for (int64_t c = 0; c < C; c += 16) {
-          const __m512 a = load16(r0 + c), b = load16(r0 + C + c);
-          const __m512 d = load16(r1 + c), e = load16(r1 + C + c);
-          const __mmask16 b_wins = replaces(b, a);
-          const __m512 top = _mm512_mask_blend_ps(b_wins, a, b);
-          const __m512i top_at = _mm512_mask_blend_epi32(b_wins, zero_i, one);
-          const __mmask16 e_wins = replaces(e, d);
-          const __m512 bottom = _mm512_mask_blend_ps(e_wins, d, e);
-          const __m512i bottom_at = _mm512_mask_blend_epi32(e_wins, two, three);
-          const __mmask16 second = replaces(bottom, top);
-          const __m512 m = _mm512_mask_blend_ps(second, top, bottom);
-          const __m512i at = _mm512_mask_blend_epi32(second, top_at, bottom_at);
-          const __mmask16 kept = _mm512_cmp_ps_mask(m, zero, _CMP_NLE_UQ);
-          __m512 y = _mm512_maskz_mov_ps(kept, m);
+          const Pooled pooled = pool16(r0 + c, r0 + W * C + c, C);
+          __m512 y = pooled.value;
           const int64_t first = (n * C + c) * HW2 + h2 * W2 + w2;  // channel c's output
           if (kp != nullptr) {
             // y * keep is exact (y or a zero of y's sign); then the scale, rounded as T.
@@ -199,8 +195,7 @@ std::vector<torch::Tensor> forward_nchw(
           }
           store16(staged, y);
           for (int j = 0; j < 16; ++j) op[first + j * HW2] = staged[j];
-          const __m128i bytes = _mm512_cvtepi32_epi8(_mm512_mask_blend_epi32(kept, cut, at));
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(k + c), bytes);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(k + c), pooled.code);
         }
       }
     }
@@ -222,27 +217,19 @@ torch::Tensor backward_nchw(
   const float s = static_cast<float>(scale);
   T* xp = gx.data_ptr<T>();
   at::parallel_for(0, N * H2, 1, [&](int64_t begin, int64_t end) {
-    const __m512i q0 = _mm512_setzero_si512(), q1 = _mm512_set1_epi32(1);
-    const __m512i q2 = _mm512_set1_epi32(2), q3 = _mm512_set1_epi32(3);
     const __m512 sv = _mm512_set1_ps(s);
     alignas(64) T staged[16];
     for (int64_t nh = begin; nh < end; ++nh) {
       const int64_t n = nh / H2, h2 = nh % H2;
       for (int64_t w2 = 0; w2 < W2; ++w2) {
         T* r0 = xp + ((n * H + 2 * h2) * W + 2 * w2) * C;
-        T* r1 = r0 + W * C;
         const uint8_t* k = cp + ((n * H2 + h2) * W2 + w2) * C;
         for (int64_t c = 0; c < C; c += 16) {
           const int64_t first = (n * C + c) * HW2 + h2 * W2 + w2;
           for (int j = 0; j < 16; ++j) staged[j] = gp[first + j * HW2];
           __m512 v = load16(staged);
           if (kp != nullptr) v = _mm512_mul_ps(times(v, sv, staged), mask16(kp + first, HW2));
-          v = _mm512_add_ps(v, _mm512_setzero_ps());  // -0 as +0, as backward's
-          const __m512i i = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + c)));
-          store16(r0 + c, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, q0), v));
-          store16(r0 + C + c, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, q1), v));
-          store16(r1 + c, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, q2), v));
-          store16(r1 + C + c, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(i, q3), v));
+          unpool16(r0 + c, r0 + W * C + c, C, k + c, v);
         }
       }
     }
