@@ -165,44 +165,27 @@ def test_the_built_in_model_trains_the_same_weights_with_it(kernel: Path, masks:
         assert torch.equal(p, q)
 
 
-@pytest.mark.parametrize("masks", ["pcg64", "uniform", "bernoulli"])
-def test_a_bf16_mixed_training_step_with_dropout_gives_atens_gradients(
-    kernel: Path, masks: str
+@pytest.mark.parametrize("masks", [None, "pcg64", "uniform", "bernoulli"])
+def test_a_bf16_mixed_step_runs_the_kernel_with_atens_gradients(
+    kernel: Path, masks: str | None
 ) -> None:
-    """bf16-mixed in training: the kernel's dropout (or F.dropout's, for
+    """One bf16-mixed step, with no dropout (evaluation mode) or in training
+    with each kind of mask: the kernel's dropout (F.dropout's own for
     ``bernoulli``) on the same masks as the other path's."""
-    spec = JobSpec(performance={"dropout_masks": masks})
+    performance = {} if masks is None else {"dropout_masks": masks}
     torch.manual_seed(0)
-    fused = mnist.build_model(spec, CPU)
-    aten = mnist.build_model(
-        JobSpec(performance={"dropout_masks": masks, "fused_pool": False}), CPU
-    )
+    fused = mnist.build_model(JobSpec(performance=performance), CPU)
+    aten = mnist.build_model(JobSpec(performance={**performance, "fused_pool": False}), CPU)
     aten.load_state_dict(fused.state_dict())
+    if masks is None:
+        fused.eval()
+        aten.eval()
     images = torch.randn(32, 1, 28, 28).contiguous(memory_format=torch.channels_last)
     target = torch.randint(0, 10, (32,))
     used: list[bool] = []
     fused.conv2.register_forward_hook(lambda _m, _i, out: used.append(fused_pool.applies(out)))
     for model in (fused, aten):
         torch.manual_seed(7)  # the same masks
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = F.nll_loss(model(images), target)
-        loss.backward()
-    assert used == [True]
-    for p, q in zip(fused.parameters(), aten.parameters(), strict=True):
-        assert p.grad is not None and q.grad is not None
-        assert torch.equal(p.grad, q.grad)
-
-
-def test_a_bf16_mixed_step_runs_the_kernel_with_atens_gradients(kernel: Path) -> None:
-    torch.manual_seed(0)
-    fused = mnist.build_model(JobSpec(), CPU).eval()  # no dropout: one step compared
-    aten = mnist.build_model(JobSpec(performance={"fused_pool": False}), CPU).eval()
-    aten.load_state_dict(fused.state_dict())
-    images = torch.randn(32, 1, 28, 28).contiguous(memory_format=torch.channels_last)
-    target = torch.randint(0, 10, (32,))
-    used: list[bool] = []
-    fused.conv2.register_forward_hook(lambda _m, _i, out: used.append(fused_pool.applies(out)))
-    for model in (fused, aten):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = F.nll_loss(model(images), target)
         loss.backward()
