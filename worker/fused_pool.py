@@ -208,7 +208,9 @@ def applies(x: torch.Tensor) -> bool:
 
 
 @functools.cache
-def _function() -> Any:
+def _functions() -> Any:
+    """The kernel's autograd functions, made once torch is imported:
+    (channels-last out, NCHW out with the dropout)."""
     import torch
 
     class PoolRelu(torch.autograd.Function):
@@ -250,7 +252,7 @@ def _function() -> Any:
 def pool_relu(x: torch.Tensor) -> torch.Tensor:
     """``relu(max_pool2d(x, 2))`` through the kernel (``applies(x)`` first)."""
     _check(x)
-    out: torch.Tensor = _function()[0].apply(x)
+    out: torch.Tensor = _functions()[0].apply(x)
     return out
 
 
@@ -280,7 +282,7 @@ def pool_relu_nchw(
         expected = (x.shape[0], x.shape[1], x.shape[2] // 2, x.shape[3] // 2)
         if keep.dtype != torch.bool or tuple(keep.shape) != expected or not keep.is_contiguous():
             raise ValueError(f"keep must be a contiguous bool tensor of shape {expected}")
-    out: torch.Tensor = _function()[1].apply(x, keep, scale)
+    out: torch.Tensor = _functions()[1].apply(x, keep, scale)
     return out
 
 
