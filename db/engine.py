@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
@@ -261,6 +261,13 @@ def kept_specs_of(session: Session) -> KeptValues | None:
 # written beside the writer (Database.write, exclusive=False) waited on the
 # writer's lock of the parts row until it committed.
 MEMO_TABLES = frozenset({"node"})
+
+
+def note_written(session: Session, rows: Iterable[object]) -> None:
+    """Rows a write changed with a statement of its own rather than through
+    the session's objects (which its flushes note): counted, announced and
+    passed to the commit's callbacks as those are (Database.write)."""
+    session.info[_WRITTEN].extend(rows)
 
 
 def memoized(session: Session, name: str, tables: tuple[type, ...], compute: Callable[[], T]) -> T:

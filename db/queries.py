@@ -12,7 +12,7 @@ from sqlalchemy import JSON, Select, delete, func, or_, type_coerce, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
-from db.engine import kept_specs_of
+from db.engine import kept_specs_of, note_written
 from db.models import (
     ApiKey,
     Attempt,
@@ -410,6 +410,34 @@ def insert_parts(
 
 def get_part(*, session: Session, part_id: int, for_update: bool = False) -> Part | None:
     return session.get(Part, part_id, with_for_update=for_update)
+
+
+def start_part(*, session: Session, part_id: int, node_id: int, at: datetime) -> bool:
+    """Part ``part_id`` running from ``at``, in one statement, if node
+    ``node_id`` holds it, it is assigned and it is of its job's running
+    attempt; False if it changed nothing (whichever of those failed). A
+    node's "started" is a third of a placed job's writes: one statement
+    rather than reading the part and its job whole and writing the part."""
+    running_attempt = (
+        sa_select(col(Job.current_attempt_id))
+        .where(col(Job.id) == col(Part.job_id), col(Job.status) == JobStatus.RUNNING)
+        .scalar_subquery()
+    )
+    statement = (
+        update(Part)
+        .where(
+            col(Part.id) == part_id,
+            col(Part.node_id) == node_id,
+            col(Part.status) == PartStatus.ASSIGNED,
+            col(Part.attempt_id) == running_attempt,
+        )
+        .values(status=PartStatus.RUNNING, started_at=at)
+        .returning(Part)
+        .execution_options(synchronize_session=False)
+    )
+    started = session.execute(statement).scalars().all()
+    note_written(session, started)
+    return bool(started)
 
 
 def parts_of_attempt(*, session: Session, attempt_id: int) -> list[Part]:

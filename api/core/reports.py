@@ -36,12 +36,13 @@ def part_started(core: Core, part_id: int, node_id: int) -> bool:
     # changes the part meanwhile (a cancel, a lost node) waits for this one
     # or is waited for, as if the report came a moment earlier or later.
     with core.db.write(exclusive=False) as session:
-        part = lookup.owned_part(session, part_id, node_id, for_update=True)
-        if part.status is not PartStatus.ASSIGNED or not lookup.is_current(session, part):
-            return False
-        part.status = move_part(part.status, PartStatus.RUNNING)
-        part.started_at = utcnow()
-        return True
+        if queries.start_part(session=session, part_id=part_id, node_id=node_id, at=utcnow()):
+            return True
+        # Not started: a part of another node's, or none, is refused (403,
+        # 404); one no longer assigned or of an attempt since replaced is not
+        # to start (False).
+        lookup.owned_part(session, part_id, node_id)
+        return False
 
 
 def record_rendezvous(core: Core, part_id: int, report: RendezvousBound) -> bool:

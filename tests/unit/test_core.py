@@ -192,6 +192,47 @@ def test_cancelling_stops_every_part_and_ends_once_the_nodes_confirm(core: Core)
         jobs.cancel_job(core, job_id, NOBODY)
 
 
+def part_status(core: Core, part_id: int) -> PartStatus:
+    with core.db.read() as session:
+        part = queries.get_part(session=session, part_id=part_id)
+        assert part is not None
+        return part.status
+
+
+def test_a_started_report_for_a_part_no_longer_to_run_changes_nothing(core: Core) -> None:
+    job_id, _ = jobs.submit_job(
+        core, JobSpec(topology=Topology(num_machines=2, num_processes=1), max_restarts=1), NOBODY
+    )
+    a, b = join(core, "a"), join(core, "b")
+    (first,) = started(core, a)
+    (second,) = nodes.poll_node(core, b, [], []).start
+    # Machine 0 fails before machine 1 says it started: machine 1 is asked
+    # to stop, and its late "started" does not make it run.
+    assert finish(core, a, first.part_id, status="failed", exit_code=1)
+    assert not reports.part_started(core, second.part_id, b)
+    assert part_status(core, second.part_id) is PartStatus.STOPPING
+    # The fence itself: an assigned part of an attempt its job no longer
+    # runs (as a writer beside this report could leave it) does not start.
+    later_id, _ = jobs.submit_job(core, JobSpec(epochs=1), NOBODY)
+    deadline = time.monotonic() + 10
+    placed: list[tuple[int, Assignment]] = []
+    while not placed:
+        assert time.monotonic() < deadline, "the job was never placed"
+        placed = [
+            (node, x)
+            for node in (a, b)
+            for x in nodes.poll_node(core, node, [], []).start
+            if x.job_id == later_id
+        ]
+    ((node_id, part),) = placed
+    with core.db.write() as session:
+        later = queries.get_job(session=session, job_id=later_id)
+        assert later is not None and later.current_attempt_id is not None
+        later.current_attempt_id += 1000
+    assert not reports.part_started(core, part.part_id, node_id)
+    assert part_status(core, part.part_id) is PartStatus.ASSIGNED
+
+
 def test_the_core_refuses_with_domain_errors_that_name_the_thing(core: Core) -> None:
     with pytest.raises(NotFound, match="job 99 not found"):
         jobs.cancel_job(core, 99, NOBODY)
