@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Engine, bindparam, event, inspect, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import ORMExecuteState
 from sqlmodel import Session, create_engine
 
 from db import migrate, models
@@ -29,6 +30,7 @@ T = TypeVar("T")
 # Where a session keeps its database and, in a write, the rows it wrote.
 _DATABASE = "ddpo.database"
 _WRITTEN = "ddpo.written"
+_STATEMENTS_WRITTEN = "ddpo.statements_written"
 _CHANGES_SEEN = "ddpo.changes_seen"
 # False for a write beside the writer (Database.write(exclusive=False)).
 _EXCLUSIVE = "ddpo.exclusive"
@@ -147,19 +149,8 @@ class Database:
         SQLite every write is exclusive (it has one writer)."""
         exclusive = exclusive or self.is_sqlite
         with Session(self._write_engine, expire_on_commit=False) as session:
-            rows: list[object] = []
-            nodes: list[models.Node] = []
-
-            def note(changed: Session, *_: object) -> None:
-                rows.extend((*changed.new, *changed.deleted))
-                rows.extend(row for row in changed.dirty if changed.is_modified(row))
-                nodes.extend(
-                    row for row in (*changed.new, *changed.dirty) if _node_identity_changed(row)
-                )
-
-            event.listen(session, "before_flush", note)
+            rows, nodes = _noting_writes(session)
             session.info[_DATABASE] = self
-            session.info[_WRITTEN] = rows
             session.info[_EXCLUSIVE] = exclusive
             with self._one_writer if exclusive else nullcontext():
                 with session.begin():
@@ -261,6 +252,37 @@ def kept_specs_of(session: Session) -> KeptValues | None:
 # written beside the writer (Database.write, exclusive=False) waited on the
 # writer's lock of the parts row until it committed.
 MEMO_TABLES = frozenset({"node"})
+
+
+def _noting_writes(session: Session) -> tuple[list[object], list[models.Node]]:
+    """The rows ``session``'s flushes write, and the nodes among them whose
+    identity changed, noted as it goes (and how many statements of its own
+    insert, update or delete rows: writes_made)."""
+    rows: list[object] = []
+    nodes: list[models.Node] = []
+
+    def note(changed: Session, *_: object) -> None:
+        rows.extend((*changed.new, *changed.deleted))
+        rows.extend(row for row in changed.dirty if changed.is_modified(row))
+        nodes.extend(row for row in (*changed.new, *changed.dirty) if _node_identity_changed(row))
+
+    def counted(execution: ORMExecuteState) -> None:
+        if execution.is_insert or execution.is_update or execution.is_delete:
+            session.info[_STATEMENTS_WRITTEN] += 1
+
+    event.listen(session, "before_flush", note)
+    event.listen(session, "do_orm_execute", counted)
+    session.info[_WRITTEN] = rows
+    session.info[_STATEMENTS_WRITTEN] = 0
+    return rows, nodes
+
+
+def writes_made(session: Session) -> int:
+    """How many writes a write session has made so far: the rows its
+    flushes wrote, and its statements that insert, update or delete rows
+    themselves. The same before and after a span of work (flushed first):
+    that work wrote nothing (its changes still pending aside)."""
+    return len(session.info[_WRITTEN]) + int(session.info[_STATEMENTS_WRITTEN])
 
 
 def note_written(session: Session, rows: Iterable[object]) -> None:

@@ -200,7 +200,7 @@ def part_status(core: Core, part_id: int) -> PartStatus:
 
 
 def test_a_started_report_for_a_part_no_longer_to_run_changes_nothing(core: Core) -> None:
-    job_id, _ = jobs.submit_job(
+    jobs.submit_job(
         core, JobSpec(topology=Topology(num_machines=2, num_processes=1), max_restarts=1), NOBODY
     )
     a, b = join(core, "a"), join(core, "b")

@@ -135,6 +135,15 @@ def test_a_refused_write_in_a_group_leaves_nothing_and_the_others_written_in_one
         write_group(core, group)
 
     monkeypatch.setattr(placement, "_write_group", counted)
+    # Each transaction written, and whether its writes had savepoints.
+    written: list[bool] = []
+    write = placement._write
+
+    def watched(core: Core, group: list[Grouped[Any]], *, savepoints: bool) -> None:
+        written.append(savepoints)
+        write(core, group, savepoints=savepoints)
+
+    monkeypatch.setattr(placement, "_write", watched)
     began, release = threading.Event(), threading.Event()
 
     def holding(session: Session) -> tuple[None, bool]:
@@ -173,11 +182,55 @@ def test_a_refused_write_in_a_group_leaves_nothing_and_the_others_written_in_one
     (b, b_new), (d, d_new) = outcomes[0], outcomes[2]
     assert b_new and d_new and len({kept, b, d}) == 3
     with core.db.read() as session:
-        names = {
-            job.name: job
-            for job in queries.list_jobs(session=session, status=None, limit=10, offset=0)[0]
-        }
-        assert set(names) == {"kept", "b", "d"}
-        assert names["b"].spec.epochs == 2 and names["d"].spec.epochs == 3
-    # The holder's group, then one transaction for all four.
+        listed = queries.list_jobs(session=session, status=None, limit=10, offset=0)[0]
+    names = {job.name: job for job in listed}
+    assert sorted(job.name for job in listed) == ["b", "d", "kept"]  # each once
+    assert names["b"].spec.epochs == 2 and names["d"].spec.epochs == 3
+    # The holder's group, then one group of all four: written without
+    # savepoints until the write that raised having written, then again
+    # with a savepoint each.
     assert transactions == [1, 4]
+    assert written == [False, False, True]
+
+
+def test_writes_refused_before_they_write_leave_the_group_one_transaction_without_savepoints(
+    core: Core, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    join(core, "n0")
+    jobs.submit_job(core, JobSpec(name="kept"), ALICE, idempotency_key="k")
+    written: list[bool] = []
+    write = placement._write
+
+    def watched(core: Core, group: list[Grouped[Any]], *, savepoints: bool) -> None:
+        written.append(savepoints)
+        write(core, group, savepoints=savepoints)
+
+    monkeypatch.setattr(placement, "_write", watched)
+    began, release = threading.Event(), threading.Event()
+
+    def holding(session: Session) -> tuple[None, bool]:
+        began.set()
+        assert release.wait(10)
+        return None, False
+
+    holder, _ = _in_threads([lambda: placement.write_grouped(core, holding)])
+    assert began.wait(10)
+    threads, outcomes = _in_threads(
+        [
+            lambda: jobs.submit_job(core, JobSpec(name="other"), ALICE, idempotency_key="k"),
+            lambda: jobs.submit_job(core, JobSpec(name="b", epochs=2), ALICE),
+            lambda: jobs.submit_job(core, JobSpec(name="again"), ALICE, idempotency_key="k"),
+        ]
+    )
+    wait_for(lambda: core.writes.waiting == 3, what="three writes waiting for the writer")
+    release.set()
+    for thread in [*holder, *threads]:
+        thread.join(10)
+
+    assert isinstance(outcomes[0], Conflict) and isinstance(outcomes[2], Conflict)
+    _, b_new = outcomes[1]
+    assert b_new
+    with core.db.read() as session:
+        listed = queries.list_jobs(session=session, status=None, limit=10, offset=0)[0]
+    assert sorted(job.name for job in listed) == ["b", "kept"]
+    assert written == [False, False]  # the holder's, then all three in one
