@@ -446,6 +446,22 @@ def start_part(*, session: Session, part_id: int, node_id: int, at: datetime) ->
     return bool(started)
 
 
+def part_and_job(*, session: Session, part_id: int) -> tuple[Part, Job, Attempt | None] | None:
+    """The part, its job (locked until the transaction ends) and the job's
+    current attempt, in one statement: a node's finish reads all three, once
+    for each placed job. While the caller holds the attempt, the session's
+    ``get_attempt`` finds it without a query."""
+    statement = (
+        sa_select(Part, Job, Attempt)
+        .join(Job, col(Job.id) == col(Part.job_id))
+        .join(Attempt, col(Attempt.id) == col(Job.current_attempt_id), isouter=True)
+        .where(col(Part.id) == part_id)
+        .with_for_update(of=Job)
+    )
+    row = session.execute(statement).first()
+    return None if row is None else (row[0], row[1], row[2])
+
+
 def parts_of_attempt(*, session: Session, attempt_id: int) -> list[Part]:
     statement = select(Part).where(Part.attempt_id == attempt_id).order_by(col(Part.machine_id))
     return list(session.exec(statement).all())

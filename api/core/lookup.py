@@ -7,7 +7,7 @@ from sqlmodel import Session
 
 from api.core.errors import Forbidden, NotFound
 from db import queries
-from db.models import Job, Part
+from db.models import Attempt, Job, Part
 from ddpo.lifecycle import JobStatus
 
 
@@ -22,6 +22,22 @@ def owned_part(session: Session, part_id: int, node_id: int, *, for_update: bool
     """The part, if it was given to this node (locked until the
     transaction ends with ``for_update``)."""
     part = queries.get_part(session=session, part_id=part_id, for_update=for_update)
+    return _owned(part, part_id, node_id)
+
+
+def owned_part_and_job(
+    session: Session, part_id: int, node_id: int
+) -> tuple[Part, Job, Attempt | None]:
+    """The part, if it was given to this node, its job, locked until the
+    transaction ends, and the job's current attempt (db/queries.py
+    part_and_job)."""
+    found = queries.part_and_job(session=session, part_id=part_id)
+    _owned(None if found is None else found[0], part_id, node_id)
+    assert found is not None
+    return found
+
+
+def _owned(part: Part | None, part_id: int, node_id: int) -> Part:
     if part is None:
         raise NotFound(f"part {part_id} not found")
     if part.node_id != node_id:

@@ -223,7 +223,9 @@ def _settle_finished(
     """finish_part's write: True if the part's job was settled, False if
     it was an older attempt's part (its slot is free), None if the report
     changed nothing."""
-    part = lookup.owned_part(session, part_id, report.node_id)
+    # The attempt held here: the session keeps only a weak reference to
+    # it, and settling reads it again (without a query while it is held).
+    part, job, _attempt = lookup.owned_part_and_job(session, part_id, report.node_id)
     if report.result is not None:
         _speaks_for_the_job(part, "a job's result")
     if part.status.is_terminal():
@@ -237,7 +239,6 @@ def _settle_finished(
     part.exit_code = report.exit_code
     part.failing_rank = report.failing_rank
     part.error = report.traceback_tail or report.message
-    job = lookup.job(session, part.job_id, for_update=True)
     log.info(
         "job %d machine %d: %s (exit code %s)",
         job.id,
