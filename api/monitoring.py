@@ -81,6 +81,25 @@ class DatabaseCollector(Collector):
         for trial_state in TrialState:
             by_trial.add_metric([trial_state.value], trials.get(trial_state, 0))
         yield by_trial
+        transactions, waited_s, held_s = self.db.write_lock.totals()
+        yield CounterMetricFamily(
+            "ddpo_write_transactions",
+            "This server's write transactions that took the write lock (a group of submits "
+            "and reports is one)",
+            value=transactions,
+        )
+        yield CounterMetricFamily(
+            "ddpo_write_lock_waited_seconds",
+            "Time this server's write transactions waited for the write lock (on PostgreSQL, "
+            "shared by every server on the database)",
+            value=waited_s,
+        )
+        yield CounterMetricFamily(
+            "ddpo_write_lock_held_seconds",
+            "Time this server's write transactions held the write lock, to their commit: "
+            "summed over every server, over the wall time, how busy the one writer is",
+            value=held_s,
+        )
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,10 @@ nodes and the p50/p99 of polls beyond their wait, of heartbeats and of
 ``GET /jobs/{id}`` (10 a second, as dashboards ask); then placements a
 second: 1,000 single-machine jobs submitted at once, from the first submit
 until the last has succeeded, or those that did within 90 s (the
-nodes report each part started and finished at once). Finally, how many
+nodes report each part started and finished at once), and meanwhile how
+much of the time the write lock was held, summed over the servers (their
+``/metrics``: one writer at a time across them, so 100% is all it can
+give), and for how long a transaction on average. Finally, how many
 nodes the servers marked lost (every node kept polling: any is wrongly
 lost).
 
@@ -41,6 +44,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import make_url
 
 from bench.fleet import Fleet, Latencies
@@ -76,6 +80,10 @@ class Figures:
     placements_per_s: float
     lost: int
     errors: int
+    # While placing: the servers' held write lock over the wall time (summed:
+    # one writer at a time across them), and writes per held transaction.
+    lock_held: float = 0.0
+    lock_hold_ms: float = 0.0
 
 
 @contextlib.contextmanager
@@ -166,7 +174,13 @@ async def _measure(cluster: LocalCluster, case: Case, nodes: int, window_s: floa
         errors = sum(idle.errors.values()) + sum(gets.errors.values())
 
         fleet.latencies.clear()
+        lock0 = await _write_lock(client, urls)
+        placing0 = time.perf_counter()
         placements_per_s = await _placements(client, urls)
+        placing_s = time.perf_counter() - placing0
+        transactions, held_s = (
+            b - a for a, b in zip(lock0, await _write_lock(client, urls), strict=True)
+        )
         if fleet.latencies.errors:
             print(f"requests refused or lost while placing: {fleet.latencies.errors}", flush=True)
         lost = (await client.get(f"{urls[0]}/nodes", params={"state": "lost"})).json()["count"]
@@ -185,7 +199,24 @@ async def _measure(cluster: LocalCluster, case: Case, nodes: int, window_s: floa
         placements_per_s=placements_per_s,
         lost=int(lost),
         errors=errors,
+        lock_held=held_s / placing_s,
+        lock_hold_ms=1000 * held_s / max(1.0, transactions),
     )
+
+
+async def _write_lock(client: httpx.AsyncClient, urls: list[str]) -> tuple[float, float]:
+    """Write transactions and seconds the write lock was held, summed over
+    the servers (their ``/metrics``)."""
+    transactions = held_s = 0.0
+    for url in urls:
+        text = (await client.get(f"{url}/metrics")).raise_for_status().text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "ddpo_write_transactions_total":
+                    transactions += sample.value
+                elif sample.name == "ddpo_write_lock_held_seconds_total":
+                    held_s += sample.value
+    return transactions, held_s
 
 
 async def _placements(client: httpx.AsyncClient, urls: list[str]) -> float:
@@ -272,7 +303,8 @@ def main() -> None:
     print(
         "\n| case | nodes | registrations/s | idle server CPU per 1,000 nodes | fleet CPU "
         "| poll p50 / p99 beyond wait | heartbeat p99 | GET /jobs/{id} p50 / p99 "
-        "| placements/s | lost | errors |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "| placements/s | write lock held while placing (per transaction) | lost | errors |"
+        "\n|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     for r in rows:
         print(
@@ -280,7 +312,7 @@ def main() -> None:
             f"{100 * r.idle_cpu_per_1000:.1f}% | {100 * r.fleet_cpu:.0f}% | "
             f"{r.poll_p50_ms:.1f} / {r.poll_p99_ms:.1f} ms | {r.heartbeat_p99_ms:.1f} ms | "
             f"{r.job_get_p50_ms:.1f} / {r.job_get_p99_ms:.1f} ms | {r.placements_per_s:.0f} | "
-            f"{r.lost} | {r.errors} |"
+            f"{100 * r.lock_held:.0f}% ({r.lock_hold_ms:.0f} ms) | {r.lost} | {r.errors} |"
         )
 
 

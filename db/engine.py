@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -41,6 +42,31 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 WRITE_LOCK_KEY = 0x6464706F  # "ddpo"
 
 
+class WriteLockTimes:
+    """How long this server's exclusive writes waited for the write lock
+    (this server's writers queue first, then, on PostgreSQL, for the lock
+    every server shares) and held it, summed: with several servers on one
+    database, their held times over the wall time say how busy the one
+    writer is (BENCHMARKS.md, placements at 5,000 nodes)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.transactions = 0
+        self.waited_s = 0.0
+        self.held_s = 0.0
+
+    def add(self, waited_s: float, held_s: float) -> None:
+        with self._lock:
+            self.transactions += 1
+            self.waited_s += waited_s
+            self.held_s += held_s
+
+    def totals(self) -> tuple[int, float, float]:
+        """Transactions, seconds waited, seconds held, read together."""
+        with self._lock:
+            return self.transactions, self.waited_s, self.held_s
+
+
 class Database:
     """The engine plus the two kinds of session the server uses.
 
@@ -73,6 +99,7 @@ class Database:
         # fail; on PostgreSQL it keeps one connection, not every writer's,
         # waiting for the write lock.
         self._one_writer = threading.Lock()
+        self.write_lock = WriteLockTimes()
         self._memos: dict[str, tuple[tuple[int, ...], Any]] = {}
         self._memo_locks: dict[str, threading.Lock] = {}
         self.kept_specs = KeptValues(KEPT_SPECS)
@@ -152,6 +179,7 @@ class Database:
             rows, nodes = _noting_writes(session)
             session.info[_DATABASE] = self
             session.info[_EXCLUSIVE] = exclusive
+            asked = time.perf_counter()
             with self._one_writer if exclusive else nullcontext():
                 with session.begin():
                     if not self.is_sqlite and exclusive:
@@ -161,6 +189,7 @@ class Database:
                         session.execute(
                             text("SELECT pg_advisory_xact_lock(:key)"), {"key": WRITE_LOCK_KEY}
                         )
+                    taken = time.perf_counter()
                     yield session
                     if not self.is_sqlite:
                         session.flush()
@@ -174,6 +203,8 @@ class Database:
                 with self._writes_lock:
                     for table in {_table_of(row) for row in rows}:
                         self._writes[table] = self._writes.get(table, 0) + 1
+                if exclusive:
+                    self.write_lock.add(taken - asked, time.perf_counter() - taken)
         if rows:
             for callback in self._after_commit:
                 callback(rows)

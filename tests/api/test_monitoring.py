@@ -3,11 +3,14 @@ jobs, nodes and claims is what the database holds."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, text
 
-from tests.api.conftest import ProtocolNode, ThreadedServer
+from tests.api.conftest import ProtocolNode, ThreadedServer, wait_for
 
 
 def scrape(client: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -61,3 +64,49 @@ def test_request_latency_is_recorded_by_route_template(client: httpx.Client) -> 
     assert metrics[(key, ok)] == 3
     assert metrics[(key, missing)] == 1
     assert not any("999999" in str(labels) for _, labels in metrics)
+
+
+def test_the_write_locks_use_is_counted_its_holds_and_the_waits_behind_them(
+    server: ThreadedServer, client: httpx.Client
+) -> None:
+    def lock_figures() -> tuple[float, float, float]:
+        metrics = scrape(client)
+        return (
+            metrics[("ddpo_write_transactions_total", ())],
+            metrics[("ddpo_write_lock_waited_seconds_total", ())],
+            metrics[("ddpo_write_lock_held_seconds_total", ())],
+        )
+
+    transactions0, waited0, held0 = lock_figures()
+    core = server.app_core()
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with core.db.write():
+            holding.set()
+            assert release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(10)
+    submits = [threading.Thread(target=lambda: client.post("/jobs", json={})) for _ in range(2)]
+    for submit in submits:
+        submit.start()
+    # One submit writes the next group (blocked behind the holder), the
+    # other waits for it.
+    wait_for(lambda: core.writes.waiting == 1, what="a submit waiting behind the holder")
+    blocked = time.perf_counter()
+    # Held for a known span more, not to synchronise: the figures must
+    # count at least that long a hold, and as long a wait behind it.
+    release.wait(HOLD_S)
+    span = time.perf_counter() - blocked
+    release.set()
+    for thread in [holder, *submits]:
+        thread.join(10)
+    transactions, waited, held = lock_figures()
+    assert transactions >= transactions0 + 2  # the holder's, and the submits' group(s)
+    assert held - held0 >= span
+    assert waited - waited0 >= span - 0.05  # the group's writer met the lock just before
+
+
+HOLD_S = 0.3
