@@ -781,11 +781,21 @@ def jobs_ended_before(*, session: Session, before: datetime) -> list[int]:
     return [i for i in session.exec(statement).all() if i is not None]
 
 
-def jobs_active_or_ended_after(*, session: Session, after: datetime) -> list[int]:
-    statement = select(col(Job.id)).where(
+def jobs_over_log_cap(*, session: Session, after: datetime, keep: int) -> list[int]:
+    """Jobs active or ended since ``after`` that hold more than ``keep``
+    log lines, in one statement: asked one job at a time, a cluster that
+    ended thousands of jobs in the hour held the writer for thousands of
+    statements at every prune."""
+    recent = sa_select(col(Job.id)).where(
         or_(col(Job.status).not_in(ENDED), col(Job.finished_at) >= after)
     )
-    return [i for i in session.exec(statement).all() if i is not None]
+    statement = (
+        sa_select(col(LogRow.job_id))
+        .where(col(LogRow.job_id).in_(recent))
+        .group_by(col(LogRow.job_id))
+        .having(func.count() > keep)
+    )
+    return list(session.execute(statement).scalars())
 
 
 def _delete_rows(session: Session, table: type[LogRow] | type[ProgressRow], ids: Select) -> int:  # type: ignore[type-arg]

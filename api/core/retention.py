@@ -54,8 +54,8 @@ def prune(core: Core, now: datetime) -> Pruned:
         pruned.progress_rows = queries.delete_progress_of_jobs(
             session=session, job_ids=old, limit=BATCH
         )
-        for job_id in queries.jobs_active_or_ended_after(
-            session=session, after=now - RECENTLY_ENDED
+        for job_id in queries.jobs_over_log_cap(
+            session=session, after=now - RECENTLY_ENDED, keep=settings.max_log_lines_per_job
         ):
             pruned.log_lines += queries.delete_logs_beyond(
                 session=session, job_id=job_id, keep=settings.max_log_lines_per_job, limit=BATCH
