@@ -122,6 +122,35 @@ def core(tmp_path: Path) -> Iterator[Core]:
         yield made
 
 
+def watch_savepoints(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """For each transaction a group is written in, as it is written: whether
+    its writes had a savepoint each."""
+    written: list[bool] = []
+    write = placement._write
+
+    def watched(core: Core, group: list[Grouped[Any]], *, savepoints: bool) -> None:
+        written.append(savepoints)
+        write(core, group, savepoints=savepoints)
+
+    monkeypatch.setattr(placement, "_write", watched)
+    return written
+
+
+def hold_the_writer(core: Core) -> tuple[list[threading.Thread], threading.Event]:
+    """A write that holds the writer until the event returned is set: the
+    writes that arrive meanwhile wait for the next group."""
+    began, release = threading.Event(), threading.Event()
+
+    def holding(session: Session) -> tuple[None, bool]:
+        began.set()
+        assert release.wait(10)
+        return None, False
+
+    holder, _ = _in_threads([lambda: placement.write_grouped(core, holding)])
+    assert began.wait(10)
+    return holder, release
+
+
 def test_a_refused_write_in_a_group_leaves_nothing_and_the_others_written_in_one_transaction(
     core: Core, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -135,21 +164,7 @@ def test_a_refused_write_in_a_group_leaves_nothing_and_the_others_written_in_one
         write_group(core, group)
 
     monkeypatch.setattr(placement, "_write_group", counted)
-    # Each transaction written, and whether its writes had savepoints.
-    written: list[bool] = []
-    write = placement._write
-
-    def watched(core: Core, group: list[Grouped[Any]], *, savepoints: bool) -> None:
-        written.append(savepoints)
-        write(core, group, savepoints=savepoints)
-
-    monkeypatch.setattr(placement, "_write", watched)
-    began, release = threading.Event(), threading.Event()
-
-    def holding(session: Session) -> tuple[None, bool]:
-        began.set()
-        assert release.wait(10)
-        return None, False
+    written = watch_savepoints(monkeypatch)
 
     def half_written(session: Session) -> tuple[None, bool]:
         queries.insert_job(
@@ -161,8 +176,7 @@ def test_a_refused_write_in_a_group_leaves_nothing_and_the_others_written_in_one
         )
         raise Conflict("refused after writing")
 
-    holder, _ = _in_threads([lambda: placement.write_grouped(core, holding)])
-    assert began.wait(10)
+    holder, release = hold_the_writer(core)
     threads, outcomes = _in_threads(
         [
             lambda: jobs.submit_job(core, JobSpec(name="b", epochs=2), ALICE),
@@ -198,23 +212,8 @@ def test_writes_refused_before_they_write_leave_the_group_one_transaction_withou
 ) -> None:
     join(core, "n0")
     jobs.submit_job(core, JobSpec(name="kept"), ALICE, idempotency_key="k")
-    written: list[bool] = []
-    write = placement._write
-
-    def watched(core: Core, group: list[Grouped[Any]], *, savepoints: bool) -> None:
-        written.append(savepoints)
-        write(core, group, savepoints=savepoints)
-
-    monkeypatch.setattr(placement, "_write", watched)
-    began, release = threading.Event(), threading.Event()
-
-    def holding(session: Session) -> tuple[None, bool]:
-        began.set()
-        assert release.wait(10)
-        return None, False
-
-    holder, _ = _in_threads([lambda: placement.write_grouped(core, holding)])
-    assert began.wait(10)
+    written = watch_savepoints(monkeypatch)
+    holder, release = hold_the_writer(core)
     threads, outcomes = _in_threads(
         [
             lambda: jobs.submit_job(core, JobSpec(name="other"), ALICE, idempotency_key="k"),
