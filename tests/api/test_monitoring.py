@@ -106,7 +106,9 @@ def test_the_write_locks_use_is_counted_its_holds_and_the_waits_behind_them(
     transactions, waited, held = lock_figures()
     assert transactions >= transactions0 + 2  # the holder's, and the submits' group(s)
     assert held - held0 >= span
-    assert waited - waited0 >= span - 0.05  # the group's writer met the lock just before
+    # The group's writer met the lock at about the moment it was seen
+    # waiting (half: a loaded machine may run it a little later).
+    assert waited - waited0 >= span / 2
 
 
 HOLD_S = 0.3
