@@ -51,20 +51,20 @@ class WriteLockTimes:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.transactions = 0
-        self.waited_s = 0.0
-        self.held_s = 0.0
+        self._transactions = 0
+        self._waited_s = 0.0
+        self._held_s = 0.0
 
     def add(self, waited_s: float, held_s: float) -> None:
         with self._lock:
-            self.transactions += 1
-            self.waited_s += waited_s
-            self.held_s += held_s
+            self._transactions += 1
+            self._waited_s += waited_s
+            self._held_s += held_s
 
     def totals(self) -> tuple[int, float, float]:
         """Transactions, seconds waited, seconds held, read together."""
         with self._lock:
-            return self.transactions, self.waited_s, self.held_s
+            return self._transactions, self._waited_s, self._held_s
 
 
 class Database:

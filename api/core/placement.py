@@ -353,19 +353,7 @@ def _write(core: Core, group: list[Grouped[Any]], *, savepoints: bool) -> None:
         needs: list[PlanNeed] = []
         for grouped in group:
             try:
-                if savepoints:
-                    with session.begin_nested():
-                        value, need = grouped.work(session)
-                else:
-                    session.flush()  # the writes before it, so that its own show
-                    before = writes_made(session)
-                    try:
-                        value, need = grouped.work(session)
-                    except Exception as exc:
-                        if _wrote_since(session, before) or isinstance(exc, SQLAlchemyError):
-                            # A failed statement ends a PostgreSQL transaction.
-                            raise _WroteThenRaised() from exc
-                        raise
+                value, need = _run(session, grouped, savepoints=savepoints)
             except _WroteThenRaised:
                 raise
             except Exception as exc:
@@ -375,6 +363,23 @@ def _write(core: Core, group: list[Grouped[Any]], *, savepoints: bool) -> None:
             needs.append(need)
         if _wants_a_plan(session, needs):
             _plan_beside(session, core.settings)
+
+
+def _run(session: Session, grouped: Grouped[T], *, savepoints: bool) -> tuple[T, PlanNeed]:
+    """One write of a group: in a savepoint of its own, or without one,
+    raising _WroteThenRaised if it raises having written."""
+    if savepoints:
+        with session.begin_nested():
+            return grouped.work(session)
+    session.flush()  # the writes before it, so that its own show
+    before = writes_made(session)
+    try:
+        return grouped.work(session)
+    except Exception as exc:
+        # A failed statement ends a PostgreSQL transaction, written or not.
+        if _wrote_since(session, before) or isinstance(exc, SQLAlchemyError):
+            raise _WroteThenRaised() from exc
+        raise
 
 
 def _wrote_since(session: Session, before: int) -> bool:
