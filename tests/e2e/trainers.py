@@ -68,6 +68,8 @@ def _first_attempt_killed(ctx: TrainContext) -> TrainResult | None:
     if ctx.rank == 0 and not marker.exists():
         marker.touch()
         os.kill(os.getpid(), signal.SIGKILL)
+    if ctx.rank == 0:
+        marker.unlink()  # the retry: leave nothing behind in the temporary folder
     dist.all_reduce(torch.ones(1))
     return None
 
