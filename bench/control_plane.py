@@ -16,7 +16,9 @@ until the last has succeeded, or those that did within 90 s (the
 nodes report each part started and finished at once), and meanwhile how
 much of the time the write lock was held, summed over the servers (their
 ``/metrics``: one writer at a time across them, so 100% is all it can
-give), and for how long a transaction on average. Finally, how many
+give), and for how long a transaction on average, and the CPU the
+servers used and the whole machine's busy cores meanwhile (a writer slowed
+for want of CPU holds the lock longer). Finally, how many
 nodes the servers marked lost (every node kept polling: any is wrongly
 lost).
 
@@ -84,6 +86,12 @@ class Figures:
     # one writer at a time across them), and writes per held transaction.
     lock_held: float = 0.0
     lock_hold_ms: float = 0.0
+    # While placing: the servers' CPU (cores, summed) and the whole
+    # machine's busy cores (the servers, PostgreSQL, the simulated fleet):
+    # with the lock held nearly all the time, whether the writer is slow
+    # for want of CPU (BENCHMARKS.md, placements at 5,000 nodes).
+    placing_server_cores: float = 0.0
+    placing_machine_cores: float = 0.0
 
 
 @contextlib.contextmanager
@@ -151,7 +159,7 @@ async def _measure(cluster: LocalCluster, case: Case, nodes: int, window_s: floa
         await asyncio.sleep(fleet.poll_wait_s + WARM_S)
         fleet.latencies.clear()
         gets = Latencies()
-        cpu0 = sum(sum(s.cpu_times()[:2]) for s in servers)
+        cpu0 = _cpu(servers)
         own0 = _own_cpu()
         wall0 = time.perf_counter()
         deadline = wall0 + window_s
@@ -166,7 +174,7 @@ async def _measure(cluster: LocalCluster, case: Case, nodes: int, window_s: floa
             turn += 1
             await asyncio.sleep(max(0.0, 0.1 - (time.perf_counter() - started)))
         wall = time.perf_counter() - wall0
-        cpu = sum(sum(s.cpu_times()[:2]) for s in servers) - cpu0
+        cpu = _cpu(servers) - cpu0
         fleet_cpu = (_own_cpu() - own0) / wall
         idle = fleet.latencies
         poll_p50, poll_p99 = idle.percentile("poll", 0.5), idle.percentile("poll", 0.99)
@@ -175,9 +183,12 @@ async def _measure(cluster: LocalCluster, case: Case, nodes: int, window_s: floa
 
         fleet.latencies.clear()
         lock0 = await _write_lock(client, urls)
+        server_cpu0, machine0 = _cpu(servers), _machine_busy_s()
         placing0 = time.perf_counter()
         placements_per_s = await _placements(client, urls)
         placing_s = time.perf_counter() - placing0
+        server_cores = (_cpu(servers) - server_cpu0) / placing_s
+        machine_cores = (_machine_busy_s() - machine0) / placing_s
         transactions, held_s = (
             b - a for a, b in zip(lock0, await _write_lock(client, urls), strict=True)
         )
@@ -201,7 +212,21 @@ async def _measure(cluster: LocalCluster, case: Case, nodes: int, window_s: floa
         errors=errors,
         lock_held=held_s / placing_s,
         lock_hold_ms=1000 * held_s / max(1.0, transactions),
+        placing_server_cores=server_cores,
+        placing_machine_cores=machine_cores,
     )
+
+
+def _cpu(processes: list[psutil.Process]) -> float:
+    """CPU seconds (user and system) the processes have used."""
+    return float(sum(sum(p.cpu_times()[:2]) for p in processes))
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds every core of this machine has been busy (not idle or
+    waiting on I/O)."""
+    times = psutil.cpu_times()
+    return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
 
 
 async def _write_lock(client: httpx.AsyncClient, urls: list[str]) -> tuple[float, float]:
@@ -303,8 +328,9 @@ def main() -> None:
     print(
         "\n| case | nodes | registrations/s | idle server CPU per 1,000 nodes | fleet CPU "
         "| poll p50 / p99 beyond wait | heartbeat p99 | GET /jobs/{id} p50 / p99 "
-        "| placements/s | write lock held while placing (per transaction) | lost | errors |"
-        "\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| placements/s | write lock held while placing (per transaction) "
+        "| CPU while placing: servers, machine (of its cores) | lost | errors |"
+        "\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     for r in rows:
         print(
@@ -312,7 +338,9 @@ def main() -> None:
             f"{100 * r.idle_cpu_per_1000:.1f}% | {100 * r.fleet_cpu:.0f}% | "
             f"{r.poll_p50_ms:.1f} / {r.poll_p99_ms:.1f} ms | {r.heartbeat_p99_ms:.1f} ms | "
             f"{r.job_get_p50_ms:.1f} / {r.job_get_p99_ms:.1f} ms | {r.placements_per_s:.0f} | "
-            f"{100 * r.lock_held:.0f}% ({r.lock_hold_ms:.0f} ms) | {r.lost} | {r.errors} |"
+            f"{100 * r.lock_held:.0f}% ({r.lock_hold_ms:.0f} ms) | "
+            f"{r.placing_server_cores:.2f}, {r.placing_machine_cores:.2f} ({psutil.cpu_count()}) | "
+            f"{r.lost} | {r.errors} |"
         )
 
 
