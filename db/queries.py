@@ -38,9 +38,8 @@ ACTIVE_PART_STATUSES = tuple(s for s in PartStatus if s.is_active())
 # --- jobs ---------------------------------------------------------------------
 
 
-def insert_job(
+def new_job(
     *,
-    session: Session,
     spec: JobSpec,
     name: str | None,
     study_id: int | None = None,
@@ -49,7 +48,8 @@ def insert_job(
     owner: str | None = None,
     sweep_id: int | None = None,
 ) -> Job:
-    job = Job(
+    """A job row not yet added to a session (insert_jobs adds many at once)."""
+    return Job(
         spec=spec,
         name=name,
         owner=owner,
@@ -59,13 +59,26 @@ def insert_job(
         sweep_id=sweep_id,
         idempotency_key=idempotency_key,
     )
-    session.add(job)
-    session.flush()
+
+
+def insert_job(*, session: Session, spec: JobSpec, name: str | None, **fields: Any) -> Job:
+    job = new_job(spec=spec, name=name, **fields)
+    insert_jobs(session=session, jobs=[job])
     return job
 
 
-def get_job_by_idempotency_key(*, session: Session, key: str) -> Job | None:
-    return session.exec(select(Job).where(Job.idempotency_key == key)).first()
+def insert_jobs(*, session: Session, jobs: list[Job]) -> None:
+    """Inserted, with their ids set: one statement for all of them where
+    the database returns the ids of a multi-row insert (SQLAlchemy's
+    "insertmanyvalues", on PostgreSQL and SQLite)."""
+    session.add_all(jobs)
+    session.flush()
+
+
+def jobs_by_idempotency_keys(*, session: Session, keys: set[str]) -> list[Job]:
+    if not keys:
+        return []
+    return list(session.exec(select(Job).where(col(Job.idempotency_key).in_(keys))).all())
 
 
 def jobs_past_deadline(*, session: Session, now: datetime) -> list[Job]:

@@ -163,14 +163,30 @@ GROUP_MOST = 64
 PlanNeed = bool | Callable[[], bool]
 
 
+# Writes of one kind made together: given the session and what each of
+# them asks, in the order they came, returns for each its value and
+# whether the queue needs planning after it, or the error refusing it
+# (a refused one must have written nothing).
+Together = Callable[[Session, list[Any]], list[tuple[Any, PlanNeed] | Exception]]
+
+
 @dataclass(eq=False)
 class Grouped(Generic[T]):
     """One caller's write waiting to be made in a grouped transaction
     (:class:`GroupedWrites`): ``work`` makes it in the session it is given
-    and returns its value and whether the queue needs planning after it."""
+    and returns its value and whether the queue needs planning after it.
+
+    A write of a kind that is cheaper made many at once (one statement for
+    many rows, a round trip to the database instead of one each) names
+    ``together``: the group's writes naming the same one are made by one
+    call of it with their ``asked``, where the group is written without a
+    savepoint each; ``work`` makes it alone otherwise."""
 
     work: Callable[[Session], tuple[T, PlanNeed]]
+    together: Together | None = None
+    asked: Any = None
     value: T | None = None
+    need: PlanNeed = False
     error: BaseException | None = None
     done: bool = False
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 
 from sqlmodel import Session
 
@@ -13,13 +15,24 @@ from api.core.errors import Conflict, NotFound, TooMany
 from api.core.people import Actor, check_may_steer, record
 from api.core.placement import needs_a_plan, schedule, write_grouped
 from api.core.settlement import cancel
+from api.settings import ServerSettings
 from db import queries
-from db.models import utcnow
+from db.models import Job, utcnow
 from ddpo.lifecycle import JobStatus, can_cancel, study_status
 from ddpo.schemas import JobSpec, StudyCreate, Topology
 from ddpo.schemas.people import AuditAction
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Submit:
+    """What one submit asks of the writer."""
+
+    core: Core
+    spec: JobSpec
+    actor: Actor
+    key: str | None
 
 
 def submit_job(
@@ -33,49 +46,123 @@ def submit_job(
     # placed later is placed on what they offer then).
     with core.db.read() as session:
         spec = offers.checked(session, spec)
+    asked = _Submit(core, spec, actor, idempotency_key)
 
-    def submitting(session: Session) -> tuple[tuple[int, bool], PlanNeed]:
-        if idempotency_key is not None:
-            existing = queries.get_job_by_idempotency_key(session=session, key=idempotency_key)
-            expires = timedelta(hours=core.settings.idempotency_key_hours)
-            if existing is not None and existing.created_at <= utcnow() - expires:
-                existing.idempotency_key = None  # expired: the key is free again
-                session.flush()
-                existing = None
-            if existing is not None:
-                assert existing.id is not None
-                if existing.owner != actor.name:
-                    raise Conflict(
-                        f"Idempotency-Key {idempotency_key!r} was used for job "
-                        f"{existing.id} by another submitter"
-                    )
-                if existing.spec != spec:
-                    raise Conflict(
-                        f"Idempotency-Key {idempotency_key!r} was used for job "
-                        f"{existing.id} with a different spec"
-                    )
-                return (existing.id, False), False
-        # After the key's lookup: a resend of a job already queued is no new one.
-        check_room_in_the_queue(core, session, actor, 1)
-        job = queries.insert_job(
-            session=session,
-            spec=spec,
-            name=spec.name,
-            idempotency_key=idempotency_key,
-            owner=actor.name,
-        )
-        assert job.id is not None
-        record(session, actor, AuditAction.JOB_SUBMIT, f"job {job.id}", name=spec.name)
-        # Asked only if the group this submit is written with plans anyway.
-        return (job.id, True), lambda: needs_a_plan(session, job, core.settings)
+    def alone(session: Session) -> tuple[tuple[int, bool], PlanNeed]:
+        (outcome,) = _write_submits(session, [asked])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
-    # With the submits and reports waiting meanwhile, and planned with them
-    # if it could start: answered once planned, so the answer says whether
-    # the job started.
-    job_id, created = write_grouped(core, submitting)
+    # With the submits and reports waiting meanwhile (the submits made
+    # together), and planned with them if it could start: answered once
+    # planned, so the answer says whether the job started.
+    job_id, created = write_grouped(core, alone, _write_submits, asked)
     if created:
         log.info("job %d submitted: %s", job_id, spec.model_dump_json())
     return job_id, created
+
+
+# How one of a group's submits was decided: refused, or its job and
+# whether it is new (a key sent again has the job it made).
+_Decision = tuple[Job, bool] | TooMany
+
+
+def _write_submits(
+    session: Session, asked: list[_Submit]
+) -> list[tuple[tuple[int, bool], PlanNeed] | Exception]:
+    """Submits that arrived together, in the order they came: their keys
+    looked up in one query, each submitter's queued jobs counted once, and
+    their new jobs inserted in one statement (a submit's own statements
+    were a third of a placed job's under the write lock). A submit refused
+    writes nothing. Made before the group's other writes, so nothing but
+    these submits changes the counts meanwhile."""
+    settings = asked[0].core.settings  # one server's: a group is one server's
+    decided, freed = _decide(session, asked, settings)
+    if freed:
+        for job in freed:
+            job.idempotency_key = None  # expired: the key is free again
+        session.flush()  # before the new jobs take the keys
+    new = [d[0] for d in decided if not isinstance(d, TooMany) and d[1]]
+    if new:
+        queries.insert_jobs(session=session, jobs=new)
+    return [
+        _answer(session, one, decision, settings)
+        for one, decision in zip(asked, decided, strict=True)
+    ]
+
+
+def _decide(
+    session: Session, asked: list[_Submit], settings: ServerSettings
+) -> tuple[list[_Decision], list[Job]]:
+    """Each submit's decision, and the jobs whose expired keys new jobs take."""
+    known: dict[str, Job] = {
+        job.idempotency_key: job
+        for job in queries.jobs_by_idempotency_keys(
+            session=session, keys={one.key for one in asked if one.key is not None}
+        )
+        if job.idempotency_key is not None
+    }
+    expired_before = utcnow() - timedelta(hours=settings.idempotency_key_hours)
+    queued: dict[str, int] = {}
+    decided: list[_Decision] = []
+    freed: list[Job] = []
+    for one in asked:
+        existing = known.get(one.key) if one.key is not None else None
+        if existing is not None and existing.created_at > expired_before:
+            decided.append((existing, False))  # checked once it has an id
+            continue
+        # After the key's lookup: a resend of a job already queued is no new one.
+        owner = one.actor.name
+        if owner is not None:
+            if owner not in queued:
+                queued[owner] = queries.count_queued_jobs_of(session=session, owner=owner)
+            try:
+                room_in_the_queue(settings, owner, queued[owner], 1)
+            except TooMany as refused:
+                decided.append(refused)
+                continue
+            queued[owner] += 1
+        if existing is not None:
+            freed.append(existing)
+        job = queries.new_job(
+            spec=one.spec, name=one.spec.name, owner=owner, idempotency_key=one.key
+        )
+        if one.key is not None:
+            known[one.key] = job
+        decided.append((job, True))
+    return decided, freed
+
+
+def _answer(
+    session: Session, one: _Submit, decision: _Decision, settings: ServerSettings
+) -> tuple[tuple[int, bool], PlanNeed] | Exception:
+    """A submit's answer once the group's new jobs have their ids (its
+    audit entry written if it made one)."""
+    if isinstance(decision, TooMany):
+        return decision
+    job, created = decision
+    assert job.id is not None
+    if not created:
+        again = _sent_again(job, one)
+        return again if again is not None else ((job.id, False), False)
+    record(session, one.actor, AuditAction.JOB_SUBMIT, f"job {job.id}", name=one.spec.name)
+    # Asked only if the group these submits are written with plans anyway.
+    return (job.id, True), partial(needs_a_plan, session, job, settings)
+
+
+def _sent_again(existing: Job, one: _Submit) -> Conflict | None:
+    """Why a submit under a key already taken may not have the job it
+    made: another submitter's, or another spec."""
+    if existing.owner != one.actor.name:
+        return Conflict(
+            f"Idempotency-Key {one.key!r} was used for job {existing.id} by another submitter"
+        )
+    if existing.spec != one.spec:
+        return Conflict(
+            f"Idempotency-Key {one.key!r} was used for job {existing.id} with a different spec"
+        )
+    return None
 
 
 def check_room_in_the_queue(core: Core, session: Session, actor: Actor, adding: int) -> None:
@@ -83,11 +170,16 @@ def check_room_in_the_queue(core: Core, session: Session, actor: Actor, adding: 
     work with it): at most ``max_queued_jobs_per_person`` queued at once."""
     if actor.name is None:
         return  # a server without tokens: nobody to count
-    limit = core.settings.max_queued_jobs_per_person
     queued = queries.count_queued_jobs_of(session=session, owner=actor.name)
+    room_in_the_queue(core.settings, actor.name, queued, adding)
+
+
+def room_in_the_queue(settings: ServerSettings, owner: str, queued: int, adding: int) -> None:
+    """Raises TooMany if ``owner``, with ``queued`` jobs queued, may not add ``adding``."""
+    limit = settings.max_queued_jobs_per_person
     if queued + adding > limit:
         raise TooMany(
-            f"{actor.name} has {queued} queued job(s); DDPO_MAX_QUEUED_JOBS_PER_PERSON={limit} "
+            f"{owner} has {queued} queued job(s); DDPO_MAX_QUEUED_JOBS_PER_PERSON={limit} "
             f"allows {max(0, limit - queued)} more: wait for some to start, or cancel some",
             retry_after_s=30,
         )

@@ -15,7 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
 from api import elastic
-from api.core.context import Core, Grouped, PlanNeed
+from api.core.context import Core, Grouped, PlanNeed, Together
 from api.core.people import Actor, record
 from api.core.settlement import set_job_status
 from api.core.stops import ask_to_stop
@@ -311,14 +311,20 @@ def needs_a_plan(session: Session, job: Job, settings: ServerSettings) -> bool:
     return False
 
 
-def write_grouped(core: Core, work: Callable[[Session], tuple[T, PlanNeed]]) -> T:
+def write_grouped(
+    core: Core,
+    work: Callable[[Session], tuple[T, PlanNeed]],
+    together: Together | None = None,
+    asked: Any = None,
+) -> T:
     """``work``'s value, once it has committed: it is made in one
     transaction with the other submits and reports that were waiting for
     the writer meanwhile (Core.writes), and if it or any of them says the
     queue needs planning, the queue is planned in that transaction too. A
     submit is answered once planned, so its answer says whether the job
-    started."""
-    grouped = Grouped(work)
+    started. With ``together``, it may be made by that with the group's
+    other writes of its kind (Grouped)."""
+    grouped = Grouped(work, together, asked)
     core.writes.run(grouped, lambda group: _write_group(core, group))
     if grouped.error is not None:
         raise grouped.error
@@ -350,19 +356,42 @@ class _WroteThenRaised(Exception):
 
 def _write(core: Core, group: list[Grouped[Any]], *, savepoints: bool) -> None:
     with core.db.write() as session:
-        needs: list[PlanNeed] = []
-        for grouped in group:
+        alone = group if savepoints else _write_kinds_together(session, group)
+        for grouped in alone:
             try:
-                value, need = _run(session, grouped, savepoints=savepoints)
+                grouped.value, grouped.need = _run(session, grouped, savepoints=savepoints)
             except _WroteThenRaised:
                 raise
             except Exception as exc:
                 grouped.error = exc
-                continue
-            grouped.value = value
-            needs.append(need)
-        if _wants_a_plan(session, needs):
+        if _wants_a_plan(session, [grouped.need for grouped in group if grouped.error is None]):
             _plan_beside(session, core.settings)
+
+
+def _write_kinds_together(session: Session, group: list[Grouped[Any]]) -> list[Grouped[Any]]:
+    """Makes the group's writes that name a ``together``, one call for each
+    kind, before the others (writes that arrived together may be made in
+    any order), and returns the others. A call that raises has the group
+    written again with a savepoint each (a failed statement ends a
+    PostgreSQL transaction)."""
+    kinds: dict[Together, list[Grouped[Any]]] = {}
+    alone: list[Grouped[Any]] = []
+    for grouped in group:
+        if grouped.together is None:
+            alone.append(grouped)
+        else:
+            kinds.setdefault(grouped.together, []).append(grouped)
+    for together, members in kinds.items():
+        try:
+            outcomes = together(session, [member.asked for member in members])
+        except Exception as exc:
+            raise _WroteThenRaised() from exc
+        for member, outcome in zip(members, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                member.error = outcome
+            else:
+                member.value, member.need = outcome
+    return alone
 
 
 def _run(session: Session, grouped: Grouped[T], *, savepoints: bool) -> tuple[T, PlanNeed]:

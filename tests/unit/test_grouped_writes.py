@@ -11,14 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from api.core import jobs, placement
 from api.core.context import Core, Grouped, GroupedWrites
-from api.core.errors import Conflict
+from api.core.errors import Conflict, TooMany
 from api.core.people import Actor
 from db import queries
 from ddpo.schemas import JobSpec
+from ddpo.schemas.people import AuditAction
 from tests.api.conftest import wait_for
 from tests.unit.test_core import a_core, join
 
@@ -233,3 +236,75 @@ def test_writes_refused_before_they_write_leave_the_group_one_transaction_withou
         listed = queries.list_jobs(session=session, status=None, limit=10, offset=0)[0]
     assert sorted(job.name for job in listed) == ["b", "kept"]
     assert written == [False, False]  # the holder's, then all three in one
+
+
+def test_submits_arriving_together_are_decided_in_order_and_their_jobs_inserted_at_once(
+    core: Core, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No node: every job stays queued, and counts against its owner's cap.
+    core.settings = core.settings.model_copy(update={"max_queued_jobs_per_person": 3})
+    jobs.submit_job(core, JobSpec(name="before"), ALICE)
+    written = watch_savepoints(monkeypatch)
+    inserts: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO JOB "):
+            inserts.append(statement)
+
+    holder, release = hold_the_writer(core)
+    bob = Actor(name="bob", role="user")
+    calls: list[Callable[[], Any]] = [
+        lambda: jobs.submit_job(core, JobSpec(name="a"), ALICE, idempotency_key="k1"),
+        # Sent again in the same group: the job the first made, not a second.
+        lambda: jobs.submit_job(core, JobSpec(name="a"), ALICE, idempotency_key="k1"),
+        lambda: jobs.submit_job(core, JobSpec(name="other"), ALICE, idempotency_key="k1"),
+        lambda: jobs.submit_job(core, JobSpec(name="b"), ALICE),
+        # Alice has three queued now (before, a, b): refused.
+        lambda: jobs.submit_job(core, JobSpec(name="c"), ALICE),
+        lambda: jobs.submit_job(core, JobSpec(name="d"), bob),
+    ]
+    threads: list[threading.Thread] = []
+    outcomes: dict[int, Any] = {}
+    for n, call in enumerate(calls):
+        # One at a time, so they queue in this order.
+        more, outcome = _in_threads([call])
+        threads += more
+        wait_for(lambda n=n: core.writes.waiting == n + 1, what=f"{n + 1} submits waiting")
+        outcomes[n] = outcome
+    event.listen(Engine, "before_cursor_execute", seen)
+    try:
+        release.set()
+        for thread in [*holder, *threads]:
+            thread.join(10)
+    finally:
+        event.remove(Engine, "before_cursor_execute", seen)
+
+    answers = [outcomes[n][0] for n in range(len(calls))]
+    (a, a_new), (a_again, again_new), (b, b_new), (d, d_new) = (
+        answers[0],
+        answers[1],
+        answers[3],
+        answers[5],
+    )
+    assert a_new and b_new and d_new and not again_new and a_again == a
+    assert a < b < d  # in the order they came
+    assert isinstance(answers[2], Conflict) and f"job {a} with a different spec" in str(answers[2])
+    assert isinstance(answers[4], TooMany) and "alice has 3 queued" in str(answers[4])
+    with core.db.read() as session:
+        listed = queries.list_jobs(session=session, status=None, limit=10, offset=0)[0]
+        audited = queries.audit_entries(session=session, limit=10, action=AuditAction.JOB_SUBMIT)
+    assert sorted((job.name, job.owner) for job in listed) == [
+        ("a", "alice"),
+        ("b", "alice"),
+        ("before", "alice"),
+        ("d", "bob"),
+    ]
+    assert {job.idempotency_key for job in listed if job.name == "a"} == {"k1"}
+    assert sorted(entry.target for entry in audited)[-3:] == sorted(f"job {i}" for i in (a, b, d))
+    # One transaction after the holder's, no savepoints; on PostgreSQL one
+    # statement inserted the three new jobs (a round trip each under the
+    # write lock, otherwise). SQLAlchemy inserts a row a statement on
+    # SQLite, whose RETURNING rows come in no promised order (in process:
+    # no round trip to save).
+    assert written == [False, False]
+    assert len(inserts) == (3 if core.db.is_sqlite else 1)
