@@ -459,25 +459,47 @@ def start_part(*, session: Session, part_id: int, node_id: int, at: datetime) ->
     return bool(started)
 
 
-def part_and_job(*, session: Session, part_id: int) -> tuple[Part, Job, Attempt | None] | None:
-    """The part, its job (locked until the transaction ends) and the job's
-    current attempt, in one statement: a node's finish reads all three, once
-    for each placed job. While the caller holds the attempt, the session's
-    ``get_attempt`` finds it without a query."""
+def parts_and_jobs(
+    *, session: Session, part_ids: Iterable[int]
+) -> dict[int, tuple[Part, Job, Attempt | None]]:
+    """By part id: the part, its job (locked until the transaction ends) and
+    the job's current attempt, in one statement for all of them: a node's
+    finish reads all three, once for each placed job. While the caller
+    holds the attempts, the session's ``get_attempt`` finds them without a
+    query."""
+    ids = list(set(part_ids))
+    if not ids:
+        return {}
     statement = (
         sa_select(Part, Job, Attempt)
         .join(Job, col(Job.id) == col(Part.job_id))
         .join(Attempt, col(Attempt.id) == col(Job.current_attempt_id), isouter=True)
-        .where(col(Part.id) == part_id)
+        .where(col(Part.id).in_(ids))
         .with_for_update(of=Job)
     )
-    row = session.execute(statement).first()
-    return None if row is None else (row[0], row[1], row[2])
+    return {row[0].id: (row[0], row[1], row[2]) for row in session.execute(statement)}
 
 
 def parts_of_attempt(*, session: Session, attempt_id: int) -> list[Part]:
     statement = select(Part).where(Part.attempt_id == attempt_id).order_by(col(Part.machine_id))
     return list(session.exec(statement).all())
+
+
+def parts_of_attempts(*, session: Session, attempt_ids: Iterable[int]) -> dict[int, list[Part]]:
+    """parts_of_attempt for many attempts in one query (an attempt with no
+    part is not a key)."""
+    ids = list(set(attempt_ids))
+    if not ids:
+        return {}
+    statement = (
+        select(Part)
+        .where(col(Part.attempt_id).in_(ids))
+        .order_by(col(Part.attempt_id), col(Part.machine_id))
+    )
+    found: dict[int, list[Part]] = {}
+    for part in session.exec(statement).all():
+        found.setdefault(part.attempt_id, []).append(part)
+    return found
 
 
 def parts_with_nodes(*, session: Session, attempt_ids: Iterable[int]) -> list[tuple[Part, Node]]:

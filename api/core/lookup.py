@@ -26,12 +26,10 @@ def owned_part(session: Session, part_id: int, node_id: int, *, for_update: bool
 
 
 def owned_part_and_job(
-    session: Session, part_id: int, node_id: int
+    found: tuple[Part, Job, Attempt | None] | None, part_id: int, node_id: int
 ) -> tuple[Part, Job, Attempt | None]:
-    """The part, if it was given to this node, its job, locked until the
-    transaction ends, and the job's current attempt (db/queries.py
-    part_and_job)."""
-    found = queries.part_and_job(session=session, part_id=part_id)
+    """What db/queries.py parts_and_jobs found for ``part_id``, if that
+    part was given to this node."""
     _owned(None if found is None else found[0], part_id, node_id)
     assert found is not None
     return found

@@ -384,6 +384,7 @@ def _write_kinds_together(session: Session, group: list[Grouped[Any]]) -> list[G
     for together, members in kinds.items():
         try:
             outcomes = together(session, [member.asked for member in members])
+            session.flush()  # what they changed, failing here rather than in another's write
         except Exception as exc:
             raise _WroteThenRaised() from exc
         for member, outcome in zip(members, outcomes, strict=True):

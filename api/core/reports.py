@@ -6,13 +6,14 @@ job (api/core/lookup.py)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlmodel import Session
 
 from api.core import lookup, sweeps
-from api.core.context import Core
-from api.core.errors import Conflict, Forbidden, TooMany
+from api.core.context import Core, PlanNeed
+from api.core.errors import Conflict, Forbidden, NotFound, TooMany
 from api.core.placement import write_grouped
 from api.core.settlement import explain_given_up_attempt, may_explain, settle
 from db import queries
@@ -204,30 +205,82 @@ def record_logs(core: Core, part_id: int, batch: LogBatch) -> bool:
         return True
 
 
+@dataclass(frozen=True)
+class _Finish:
+    """What one node's finish asks of the writer."""
+
+    core: Core
+    part_id: int
+    report: PartFinished
+
+
 def finish_part(core: Core, part_id: int, report: PartFinished) -> bool:
     """A node's processes for this part have exited; settle the job."""
     core.sightings.saw(report.node_id)
+    asked = _Finish(core, part_id, report)
 
-    def settling(session: Session) -> tuple[bool | None, bool]:
+    def alone(session: Session) -> tuple[bool | None, PlanNeed]:
+        (outcome,) = _write_finishes(session, [asked])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    return bool(write_grouped(core, alone, _write_finishes, asked))
+
+
+def _write_finishes(
+    session: Session, asked: list[_Finish]
+) -> list[tuple[bool | None, PlanNeed] | Exception]:
+    """Finishes that arrived together, in the order they came: their parts,
+    jobs and current attempts read in one query, those attempts' parts in
+    another, and what they change written together as the group goes on
+    (an UPDATE of each table for all of them, where a finish settled the
+    job or freed a slot: two round trips each before). A finish refused
+    (another node's part, a result from a machine other than 0) writes
+    nothing; one that fails once it has changed rows raises (the group is
+    written again, a savepoint each)."""
+    found = queries.parts_and_jobs(session=session, part_ids=[one.part_id for one in asked])
+    siblings = queries.parts_of_attempts(
+        session=session,
+        attempt_ids={
+            job.current_attempt_id
+            for _, job, _ in found.values()
+            if job.current_attempt_id is not None
+        },
+    )
+    now = utcnow()
+    outcomes: list[tuple[bool | None, PlanNeed] | Exception] = []
+    for one in asked:
+        try:
+            part, job, _ = lookup.owned_part_and_job(
+                found.get(one.part_id), one.part_id, one.report.node_id
+            )
+            if one.report.result is not None:
+                _speaks_for_the_job(part, "a job's result")
+        except (NotFound, Forbidden) as refused:
+            outcomes.append(refused)
+            continue
         # Settled or freed a slot (the job may retry): the queue is planned
         # in the same transaction, with whatever else arrived meanwhile.
-        settled = _settle_finished(session, core, part_id, report, utcnow())
-        return settled, settled is not None
-
-    return bool(write_grouped(core, settling))
+        parts = siblings.get(job.current_attempt_id) if job.current_attempt_id else None
+        settled = _settle_finished(session, one.core, part, job, one.report, now, parts)
+        outcomes.append((settled, settled is not None))
+    return outcomes
 
 
 def _settle_finished(
-    session: Session, core: Core, part_id: int, report: PartFinished, now: datetime
+    session: Session,
+    core: Core,
+    part: Part,
+    job: Job,
+    report: PartFinished,
+    now: datetime,
+    parts: list[Part] | None,
 ) -> bool | None:
-    """finish_part's write: True if the part's job was settled, False if
-    it was an older attempt's part (its slot is free), None if the report
-    changed nothing."""
-    # The attempt held here: the session keeps only a weak reference to
-    # it, and settling reads it again (without a query while it is held).
-    part, job, _attempt = lookup.owned_part_and_job(session, part_id, report.node_id)
-    if report.result is not None:
-        _speaks_for_the_job(part, "a job's result")
+    """A finish's write, once it may be made: True if the part's job was
+    settled, False if it was an older attempt's part (its slot is free),
+    None if the report changed nothing. ``parts`` are the job's current
+    attempt's, where read already."""
     if part.status.is_terminal():
         return None  # already settled: a resend, or the node was lost meanwhile
     ended = PartStatus(report.status)
@@ -258,7 +311,7 @@ def _settle_finished(
             attempt.stopped_at_step = report.step
     if ended is PartStatus.FAILED:
         _record_failure(session, job, part, report, now)
-    settle(session, job, now, core.settings)
+    settle(session, job, now, core.settings, parts)
     sweeps.job_ended(session, job, now, core.settings)
     return True
 

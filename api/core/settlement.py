@@ -81,12 +81,20 @@ def may_explain(job: Job, reason: FailureReason) -> bool:
     return names_the_cause(reason, job.error.reason if job.error else None)
 
 
-def settle(session: Session, job: Job, now: datetime, settings: ServerSettings) -> None:
-    """The job's status from its current attempt's parts: on a failure,
-    stop the rest and retry or fail."""
+def settle(
+    session: Session,
+    job: Job,
+    now: datetime,
+    settings: ServerSettings,
+    parts: list[Part] | None = None,
+) -> None:
+    """The job's status from its current attempt's parts (``parts``, where
+    the caller has read them in this session): on a failure, stop the rest
+    and retry or fail."""
     if job.current_attempt_id is None:
         return
-    parts = queries.parts_of_attempt(session=session, attempt_id=job.current_attempt_id)
+    # Read here unless given (an attempt always has parts: never an empty list).
+    parts = parts or queries.parts_of_attempt(session=session, attempt_id=job.current_attempt_id)
     attempt = queries.get_attempt(session=session, attempt_id=job.current_attempt_id)
     stopping = attempt is not None and attempt.stop_reason is not None
     if stopping and any(p.status in (PartStatus.FAILED, PartStatus.LOST) for p in parts):

@@ -17,13 +17,15 @@ from sqlmodel import Session
 
 from api.core import jobs, placement
 from api.core.context import Core, Grouped, GroupedWrites
-from api.core.errors import Conflict, TooMany
+from api.core.errors import Conflict, Forbidden, TooMany
 from api.core.people import Actor
+from api.views import read_job
 from db import queries
-from ddpo.schemas import JobSpec
+from ddpo.lifecycle import JobStatus
+from ddpo.schemas import JobSpec, Topology, TrainResult
 from ddpo.schemas.people import AuditAction
 from tests.api.conftest import wait_for
-from tests.unit.test_core import a_core, join
+from tests.unit.test_core import a_core, finish, join, started, status
 
 ALICE = Actor(name="alice", role="user")
 
@@ -308,3 +310,58 @@ def test_submits_arriving_together_are_decided_in_order_and_their_jobs_inserted_
     # no round trip to save).
     assert written == [False, False]
     assert len(inserts) == (3 if core.db.is_sqlite else 1)
+
+
+def test_finishes_arriving_together_are_read_and_written_at_once_and_refusals_stand_apart(
+    core: Core, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = join(core, "a"), join(core, "b")
+    x, _ = jobs.submit_job(core, JobSpec(name="x"), ALICE)
+    y, _ = jobs.submit_job(core, JobSpec(name="y"), ALICE)
+    parts = {one.job_id: (node, one.part_id) for node in (a, b) for one in started(core, node)}
+    assert set(parts) == {x, y}
+    # Waits for both nodes: placed by the plan of the group that frees them.
+    pair, _ = jobs.submit_job(core, JobSpec(name="pair", topology=Topology(num_machines=2)), ALICE)
+    (x_node, x_part), (y_node, y_part) = parts[x], parts[y]
+    result = TrainResult(test_accuracy=0.98, train_seconds=1.0)
+    written = watch_savepoints(monkeypatch)
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(" ".join(statement.split()).upper())
+
+    holder, release = hold_the_writer(core)
+    calls: list[Callable[[], Any]] = [
+        lambda: finish(core, x_node, x_part, status="succeeded", result=result),
+        # Sent again in the same group: changes nothing.
+        lambda: finish(core, x_node, x_part, status="succeeded", result=result),
+        # Another node's part: refused, and the rest stand.
+        lambda: finish(core, x_node, y_part, status="failed", exit_code=1),
+        lambda: finish(core, y_node, y_part, status="succeeded"),
+    ]
+    threads: list[threading.Thread] = []
+    outcomes: list[dict[int, Any]] = []
+    for n, call in enumerate(calls):
+        more, outcome = _in_threads([call])  # one at a time: in this order
+        threads += more
+        outcomes.append(outcome)
+        wait_for(lambda n=n: core.writes.waiting == n + 1, what=f"{n + 1} finishes waiting")
+    event.listen(Engine, "before_cursor_execute", seen)
+    try:
+        release.set()
+        for thread in [*holder, *threads]:
+            thread.join(10)
+    finally:
+        event.remove(Engine, "before_cursor_execute", seen)
+
+    answers = [outcome[0] for outcome in outcomes]
+    assert answers[0] is True and answers[1] is False and answers[3] is True
+    assert isinstance(answers[2], Forbidden) and f"part {y_part}" in str(answers[2])
+    assert read_job(db=core.db, job_id=x).result == result
+    assert status(core, x) is JobStatus.SUCCEEDED and status(core, y) is JobStatus.SUCCEEDED
+    assert status(core, pair) is JobStatus.RUNNING  # planned in the same transaction
+    assert written == [False, False]
+    # The four read their parts, jobs and attempts in one query, the
+    # attempts' parts in another, and the two parts ended in one UPDATE.
+    assert sum(s.startswith("SELECT PART.") and " JOIN JOB " in s for s in statements) == 1
+    assert sum(s.startswith("UPDATE PART SET") for s in statements) == 1
