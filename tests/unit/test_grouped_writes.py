@@ -156,6 +156,34 @@ def hold_the_writer(core: Core) -> tuple[list[threading.Thread], threading.Event
     return holder, release
 
 
+def one_group(core: Core, calls: list[Callable[[], Any]]) -> tuple[list[Any], list[str]]:
+    """Each call in a thread of its own, queued one at a time (so in this
+    order) behind a write holding the writer, then let through together:
+    what each returned or raised, and the statements sent meanwhile (upper
+    case, spaces squeezed)."""
+    holder, release = hold_the_writer(core)
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(" ".join(statement.split()).upper())
+
+    threads: list[threading.Thread] = []
+    outcomes: list[dict[int, Any]] = []
+    for n, call in enumerate(calls):
+        more, outcome = _in_threads([call])
+        threads += more
+        outcomes.append(outcome)
+        wait_for(lambda n=n: core.writes.waiting == n + 1, what=f"{n + 1} writes waiting")
+    event.listen(Engine, "before_cursor_execute", seen)
+    try:
+        release.set()
+        for thread in [*holder, *threads]:
+            thread.join(10)
+    finally:
+        event.remove(Engine, "before_cursor_execute", seen)
+    return [outcome[0] for outcome in outcomes], statements
+
+
 def test_a_refused_write_in_a_group_leaves_nothing_and_the_others_written_in_one_transaction(
     core: Core, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -247,13 +275,6 @@ def test_submits_arriving_together_are_decided_in_order_and_their_jobs_inserted_
     core.settings = core.settings.model_copy(update={"max_queued_jobs_per_person": 3})
     jobs.submit_job(core, JobSpec(name="before"), ALICE)
     written = watch_savepoints(monkeypatch)
-    inserts: list[str] = []
-
-    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if statement.lstrip().upper().startswith("INSERT INTO JOB "):
-            inserts.append(statement)
-
-    holder, release = hold_the_writer(core)
     bob = Actor(name="bob", role="user")
     calls: list[Callable[[], Any]] = [
         lambda: jobs.submit_job(core, JobSpec(name="a"), ALICE, idempotency_key="k1"),
@@ -265,33 +286,12 @@ def test_submits_arriving_together_are_decided_in_order_and_their_jobs_inserted_
         lambda: jobs.submit_job(core, JobSpec(name="c"), ALICE),
         lambda: jobs.submit_job(core, JobSpec(name="d"), bob),
     ]
-    threads: list[threading.Thread] = []
-    outcomes: dict[int, Any] = {}
-    for n, call in enumerate(calls):
-        # One at a time, so they queue in this order.
-        more, outcome = _in_threads([call])
-        threads += more
-        wait_for(lambda n=n: core.writes.waiting == n + 1, what=f"{n + 1} submits waiting")
-        outcomes[n] = outcome
-    event.listen(Engine, "before_cursor_execute", seen)
-    try:
-        release.set()
-        for thread in [*holder, *threads]:
-            thread.join(10)
-    finally:
-        event.remove(Engine, "before_cursor_execute", seen)
-
-    answers = [outcomes[n][0] for n in range(len(calls))]
-    (a, a_new), (a_again, again_new), (b, b_new), (d, d_new) = (
-        answers[0],
-        answers[1],
-        answers[3],
-        answers[5],
-    )
+    answers, statements = one_group(core, calls)
+    (a, a_new), (a_again, again_new), conflict, (b, b_new), refused, (d, d_new) = answers
     assert a_new and b_new and d_new and not again_new and a_again == a
     assert a < b < d  # in the order they came
-    assert isinstance(answers[2], Conflict) and f"job {a} with a different spec" in str(answers[2])
-    assert isinstance(answers[4], TooMany) and "alice has 3 queued" in str(answers[4])
+    assert isinstance(conflict, Conflict) and f"job {a} with a different spec" in str(conflict)
+    assert isinstance(refused, TooMany) and "alice has 3 queued" in str(refused)
     with core.db.read() as session:
         listed = queries.list_jobs(session=session, status=None, limit=10, offset=0)[0]
         audited = queries.audit_entries(session=session, limit=10, action=AuditAction.JOB_SUBMIT)
@@ -309,6 +309,7 @@ def test_submits_arriving_together_are_decided_in_order_and_their_jobs_inserted_
     # SQLite, whose RETURNING rows come in no promised order (in process:
     # no round trip to save).
     assert written == [False, False]
+    inserts = [one for one in statements if one.startswith("INSERT INTO JOB ")]
     assert len(inserts) == (3 if core.db.is_sqlite else 1)
 
 
@@ -325,12 +326,6 @@ def test_finishes_arriving_together_are_read_and_written_at_once_and_refusals_st
     (x_node, x_part), (y_node, y_part) = parts[x], parts[y]
     result = TrainResult(test_accuracy=0.98, train_seconds=1.0)
     written = watch_savepoints(monkeypatch)
-    statements: list[str] = []
-
-    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        statements.append(" ".join(statement.split()).upper())
-
-    holder, release = hold_the_writer(core)
     calls: list[Callable[[], Any]] = [
         lambda: finish(core, x_node, x_part, status="succeeded", result=result),
         # Sent again in the same group: changes nothing.
@@ -339,22 +334,7 @@ def test_finishes_arriving_together_are_read_and_written_at_once_and_refusals_st
         lambda: finish(core, x_node, y_part, status="failed", exit_code=1),
         lambda: finish(core, y_node, y_part, status="succeeded"),
     ]
-    threads: list[threading.Thread] = []
-    outcomes: list[dict[int, Any]] = []
-    for n, call in enumerate(calls):
-        more, outcome = _in_threads([call])  # one at a time: in this order
-        threads += more
-        outcomes.append(outcome)
-        wait_for(lambda n=n: core.writes.waiting == n + 1, what=f"{n + 1} finishes waiting")
-    event.listen(Engine, "before_cursor_execute", seen)
-    try:
-        release.set()
-        for thread in [*holder, *threads]:
-            thread.join(10)
-    finally:
-        event.remove(Engine, "before_cursor_execute", seen)
-
-    answers = [outcome[0] for outcome in outcomes]
+    answers, statements = one_group(core, calls)
     assert answers[0] is True and answers[1] is False and answers[3] is True
     assert isinstance(answers[2], Forbidden) and f"part {y_part}" in str(answers[2])
     assert read_job(db=core.db, job_id=x).result == result
