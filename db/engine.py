@@ -297,9 +297,12 @@ def _noting_writes(session: Session) -> tuple[list[object], list[models.Node]]:
         rows.extend(row for row in changed.dirty if changed.is_modified(row))
         nodes.extend(row for row in (*changed.new, *changed.dirty) if _node_identity_changed(row))
 
+    # Neither listener holds the session (it is handed to each): one that
+    # did would make the session and its listeners a reference cycle, left
+    # for the garbage collector's full passes, which stall the event loop.
     def counted(execution: ORMExecuteState) -> None:
         if execution.is_insert or execution.is_update or execution.is_delete:
-            session.info[_STATEMENTS_WRITTEN] += 1
+            execution.session.info[_STATEMENTS_WRITTEN] += 1
 
     event.listen(session, "before_flush", note)
     event.listen(session, "do_orm_execute", counted)

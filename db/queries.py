@@ -360,6 +360,14 @@ class RunningAttempt:
     node_ids: tuple[int, ...]
 
 
+# Topology.elastic (max_machines set), told apart in the database:
+# decoding every running job's spec to find the few elastic ones took most
+# of a busy placement's time. Built once: a JSON path expression holds
+# reference cycles (its comparators), which each one built per plan would
+# leave for the garbage collector's full passes, stalling the event loop.
+_ELASTIC = type_coerce(col(Job.spec), JSON)["topology"]["max_machines"].as_string().is_not(None)
+
+
 def running_attempts(
     *,
     session: Session,
@@ -376,11 +384,7 @@ def running_attempts(
         .where(Job.status == JobStatus.RUNNING)
     )
     if elastic:
-        # Topology.elastic (max_machines set), told apart in the database:
-        # decoding every running job's spec to find the few elastic ones
-        # took most of a busy placement's time.
-        max_machines = type_coerce(col(Job.spec), JSON)["topology"]["max_machines"]
-        statement = statement.where(max_machines.as_string().is_not(None))
+        statement = statement.where(_ELASTIC)
     if below_priority is not None:
         statement = statement.where(col(Job.priority) < below_priority)
     if stopping:
