@@ -68,9 +68,10 @@ def insert_job(*, session: Session, spec: JobSpec, name: str | None, **fields: A
 
 
 def insert_jobs(*, session: Session, jobs: list[Job]) -> None:
-    """Inserted, with their ids set: one statement for all of them where
-    the database returns the ids of a multi-row insert (SQLAlchemy's
-    "insertmanyvalues", on PostgreSQL and SQLite)."""
+    """Inserted, with their ids set: on PostgreSQL one statement for all of
+    them (SQLAlchemy's "insertmanyvalues"); on SQLite, whose RETURNING
+    order is not promised, SQLAlchemy sends a row a statement (in process:
+    no round trip each)."""
     session.add_all(jobs)
     session.flush()
 
