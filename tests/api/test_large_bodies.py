@@ -42,9 +42,14 @@ def batch(node: ProtocolNode, count: int, **change: Any) -> dict[str, Any]:
 
 def decoders() -> list[psutil.Process]:
     """The decoder processes this (in-process) server has started."""
-    return [
-        child for child in psutil.Process().children() if "spawn_main" in " ".join(child.cmdline())
-    ]
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.NoSuchProcess:  # a child of an earlier test, ended (or a zombie)
+            continue
+    return found
 
 
 def test_a_large_batch_is_kept_and_its_mistakes_named_as_in_a_small_one(
