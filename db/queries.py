@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import JSON, Select, delete, func, or_, type_coerce, update
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -71,9 +72,17 @@ def insert_jobs(*, session: Session, jobs: list[Job]) -> None:
     """Inserted, with their ids set: on PostgreSQL one statement for all of
     them (SQLAlchemy's "insertmanyvalues"); on SQLite, whose RETURNING
     order is not promised, SQLAlchemy sends a row a statement (in process:
-    no round trip each)."""
+    no round trip each). Their specs join those this server keeps decoded
+    (queued_jobs): the plan the same transaction makes reads the new jobs
+    first of all, and their specs are known. Copies: a kept spec must not
+    move with its job's object. Keyed by id and creation time, so that an
+    entry a rolled-back insert leaves names no other job."""
     session.add_all(jobs)
     session.flush()
+    kept = kept_specs_of(session)
+    if kept is not None:
+        for job in jobs:
+            kept.put((job.id, job.created_at), job.spec.model_copy(deep=True))
 
 
 def jobs_by_idempotency_keys(*, session: Session, keys: set[str]) -> list[Job]:
@@ -181,10 +190,24 @@ def queued_jobs(*, session: Session, locking: bool = True) -> list[QueuedJob]:
 
 
 def get_jobs(*, session: Session, job_ids: Sequence[int]) -> list[Job]:
-    """These jobs, whole, in the order given (those that exist)."""
+    """These jobs, whole, in the order given (those that exist). Those the
+    session holds already, loaded, are not read again: a read would hand
+    back the same objects unchanged (the ORM does not overwrite what it
+    holds), and a plan starts mostly the jobs its own transaction has just
+    submitted."""
     found: dict[int, Job] = {}
-    for first in range(0, len(job_ids), _IDS_PER_STATEMENT):
-        chunk = job_ids[first : first + _IDS_PER_STATEMENT]
+    deleted = session.deleted
+    for job_id in job_ids:
+        held = session.identity_map.get(session.identity_key(Job, job_id))
+        if (
+            isinstance(held, Job)
+            and not sa_inspect(held).expired_attributes
+            and held not in deleted
+        ):
+            found[job_id] = held
+    missing = [job_id for job_id in job_ids if job_id not in found]
+    for first in range(0, len(missing), _IDS_PER_STATEMENT):
+        chunk = missing[first : first + _IDS_PER_STATEMENT]
         for job in session.exec(select(Job).where(col(Job.id).in_(chunk))):
             assert job.id is not None
             found[job.id] = job
@@ -617,15 +640,16 @@ def list_nodes(
 
 def live_node_capacities(
     *, session: Session
-) -> list[tuple[int, str, int, int, list[str], dict[str, str], list[dict[str, Any]]]]:
-    """(id, name, slots, gpus, trainers, scripts, trainer offers) of every
-    live node: the columns placement reads, without building a row object
-    for each."""
+) -> list[tuple[int, str, str, int, int, list[str], dict[str, str], list[dict[str, Any]]]]:
+    """(id, name, address, slots, gpus, trainers, scripts, trainer offers)
+    of every live node: the columns placement reads, without building a row
+    object for each."""
     # SQLAlchemy's own select: SQLModel's is typed for four columns at most.
     statement = (
         sa_select(  # type: ignore[call-overload]
             Node.id,
             Node.name,
+            Node.address,
             Node.slots,
             Node.gpus,
             Node.trainers,
@@ -657,14 +681,6 @@ def live_node_offers(*, session: Session) -> list[tuple[str, list[dict[str, Any]
         .order_by(col(Node.id))
     )
     return [tuple(row) for row in session.execute(statement).all()]
-
-
-def get_nodes(*, session: Session, node_ids: Iterable[int]) -> dict[int, Node]:
-    ids = list(node_ids)
-    if not ids:
-        return {}
-    nodes = session.exec(select(Node).where(col(Node.id).in_(ids))).all()
-    return {n.id: n for n in nodes if n.id is not None}
 
 
 # Ids per statement: well under SQLite's limit on bound parameters.

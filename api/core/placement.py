@@ -72,15 +72,6 @@ def plan_and_start(session: Session, settings: ServerSettings) -> Outcome:
             if preempting.pending is not None:
                 survey.decisions[head.id] = preempting.pending
             next_due = _earliest(next_due, preempting.next_due)
-    chosen = queries.get_nodes(
-        session=session,
-        node_ids={
-            node_id
-            for decision in survey.decisions.values()
-            if isinstance(decision, Placement)
-            for node_id in decision.node_ids
-        },
-    )
     # The queue was read as a few columns: the jobs that start, and those
     # whose reason changed (a backoff's says which restart), are read whole.
     touched = {
@@ -92,12 +83,12 @@ def plan_and_start(session: Session, settings: ServerSettings) -> Outcome:
             and queued.pending_reason != decision.reason
         )
     }
-    starting: list[tuple[Job, list[Node]]] = []
+    starting: list[tuple[Job, list[Machine]]] = []
     for job in queries.get_jobs(session=session, job_ids=list(touched)):
         assert job.id is not None
         decision = touched[job.id]
         if isinstance(decision, Placement):
-            starting.append((job, [chosen[i] for i in decision.node_ids]))
+            starting.append((job, [survey.machines[i] for i in decision.node_ids]))
         else:
             job.pending_reason = decision.reason
     start(session, starting, now)
@@ -339,14 +330,26 @@ def _write_group(core: Core, group: list[Grouped[Any]]) -> None:
     a write, a fifth of a placed job's statements); one that raises having
     written has the group written again, each write in a savepoint of its
     own (a node sending such reports costs the writer one group twice at
-    most, not every group). An error of the transaction itself (its
-    commit) is raised: every one in the group has it (GroupedWrites.run)."""
-    try:
-        _write(core, group, savepoints=False)
-    except _WroteThenRaised:
+    most, not every group). The plan after them has no savepoint either
+    (two more round trips a group): a plan that fails has the group
+    written again without one, and the clock's next tick plans the queue.
+    An error of the transaction itself (its commit) is raised: every one
+    in the group has it (GroupedWrites.run)."""
+    savepoints, planning = False, True
+    while True:
+        try:
+            _write(core, group, savepoints=savepoints, planning=planning)
+            return
+        except _WroteThenRaised:
+            savepoints = True
+        except _PlanFailed as failed:
+            log.error(
+                "planning the queue failed; the clock's next tick plans it again",
+                exc_info=failed.__cause__,
+            )
+            planning = False
         for grouped in group:
             grouped.value, grouped.error = None, None
-        _write(core, group, savepoints=True)
 
 
 class _WroteThenRaised(Exception):
@@ -354,7 +357,12 @@ class _WroteThenRaised(Exception):
     be told from the others' without a savepoint."""
 
 
-def _write(core: Core, group: list[Grouped[Any]], *, savepoints: bool) -> None:
+class _PlanFailed(Exception):
+    """The plan a group asked for raised: what it wrote cannot be told from
+    the group's writes without a savepoint."""
+
+
+def _write(core: Core, group: list[Grouped[Any]], *, savepoints: bool, planning: bool) -> None:
     with core.db.write() as session:
         alone = group if savepoints else _write_kinds_together(session, group)
         for grouped in alone:
@@ -364,8 +372,12 @@ def _write(core: Core, group: list[Grouped[Any]], *, savepoints: bool) -> None:
                 raise
             except Exception as exc:
                 grouped.error = exc
-        if _wants_a_plan(session, [grouped.need for grouped in group if grouped.error is None]):
-            _plan_beside(session, core.settings)
+        needs = [grouped.need for grouped in group if grouped.error is None]
+        if planning and _wants_a_plan(session, needs):
+            try:
+                schedule(session, core.settings)
+            except Exception as exc:
+                raise _PlanFailed() from exc
 
 
 def _write_kinds_together(session: Session, group: list[Grouped[Any]]) -> list[Grouped[Any]]:
@@ -442,16 +454,6 @@ def _wants_a_plan(session: Session, needs: list[PlanNeed]) -> bool:
     return False
 
 
-def _plan_beside(session: Session, settings: ServerSettings) -> None:
-    """The queue planned in ``session`` after the group's writes, within a
-    savepoint: a plan that fails leaves the writes to commit."""
-    try:
-        with session.begin_nested():
-            schedule(session, settings)
-    except Exception:
-        log.exception("planning the queue failed; the clock's next tick plans it again")
-
-
 def _may_preempt(session: Session, priority: int) -> bool:
     """Whether any running job has a lower priority than a job just
     submitted: then it may preempt (the whole queue is planned to see)."""
@@ -473,6 +475,8 @@ class QueueSurvey:
     # jobs asked to stop at a step (read only when there is such a job).
     head: QueuedJob | None = None
     stopping: list[RunningAttempt] | None = None
+    # The live nodes, by id (empty when ``nodes`` is None).
+    machines: dict[int, Machine] = field(default_factory=dict)
 
 
 def survey_queue(session: Session, jobs: list[QueuedJob], now: datetime) -> QueueSurvey:
@@ -525,13 +529,22 @@ def survey_queue(session: Session, jobs: list[QueuedJob], now: datetime) -> Queu
         None,
     )
     if head is None:
-        return QueueSurvey(jobs, decisions, next_due, nodes)
+        return QueueSurvey(jobs, decisions, next_due, nodes, machines=live.machines)
     stopping = queries.running_attempts(session=session, stopping=True)
     waiting = decisions[head.id]
     assert isinstance(waiting, Pending)
     if (pending := _being_preempted(head, waiting, nodes, stopping)) is not None:
         decisions[head.id] = pending
-    return QueueSurvey(jobs, decisions, next_due, nodes, head, stopping)
+    return QueueSurvey(jobs, decisions, next_due, nodes, head, stopping, live.machines)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A node a job starts on, as placement knows it (LiveNodes)."""
+
+    node_id: int
+    name: str
+    address: str
 
 
 @dataclass(frozen=True)
@@ -541,12 +554,16 @@ class LiveNodes:
     nodes, finding them was a third of a plan's time)."""
 
     nodes: list[NodeCapacity]
+    # Each node as a job starting on it needs it, by id: a plan starts jobs
+    # without reading the rows of the nodes it chose (a round trip under
+    # the write lock).
+    machines: dict[int, Machine]
     suits: Suits = field(default_factory=Suits)
 
 
 def live_nodes(session: Session) -> LiveNodes:
     """Read again only once the node table has changed (db/engine.py memoized)."""
-    return memoized(session, "live_nodes", (Node,), lambda: LiveNodes(_live_nodes(session)))
+    return memoized(session, "live_nodes", (Node,), lambda: _live_nodes(session))
 
 
 def free_capacity(session: Session, live: LiveNodes | None = None) -> list[NodeCapacity]:
@@ -561,25 +578,27 @@ def free_capacity(session: Session, live: LiveNodes | None = None) -> list[NodeC
     ]
 
 
-def _live_nodes(session: Session) -> list[NodeCapacity]:
+def _live_nodes(session: Session) -> LiveNodes:
     """Every live node, all its slots free."""
-    return [
-        NodeCapacity(
-            node_id,
-            name,
-            slots,
-            gpus,
-            frozenset(trainers),
-            scripts,
-            frozenset((o["name"], o.get("version", "0")) for o in offers or ()),
-        )
-        for node_id, name, slots, gpus, trainers, scripts, offers in queries.live_node_capacities(
-            session=session
-        )
-    ]
+    rows = queries.live_node_capacities(session=session)
+    return LiveNodes(
+        [
+            NodeCapacity(
+                node_id,
+                name,
+                slots,
+                gpus,
+                frozenset(trainers),
+                scripts,
+                frozenset((o["name"], o.get("version", "0")) for o in offers or ()),
+            )
+            for node_id, name, _, slots, gpus, trainers, scripts, offers in rows
+        ],
+        {node_id: Machine(node_id, name, address) for node_id, name, address, *_ in rows},
+    )
 
 
-def start(session: Session, starting: list[tuple[Job, list[Node]]], now: datetime) -> None:
+def start(session: Session, starting: list[tuple[Job, list[Machine]]], now: datetime) -> None:
     """A new attempt of each job, machine i on its ``nodes[i]``: all the
     attempts written in one statement, then all their parts in another,
     and each job changed after them (one statement for each row's write,
@@ -603,7 +622,7 @@ def start(session: Session, starting: list[tuple[Job, list[Node]]], now: datetim
     queries.insert_parts(
         session=session,
         machines=[
-            (attempt.job_id, _id_of(attempt), [_id_of(node) for node in nodes])
+            (attempt.job_id, _id_of(attempt), [node.node_id for node in nodes])
             for attempt, (_, nodes) in zip(attempts, starting, strict=True)
         ],
     )
@@ -623,6 +642,6 @@ def start(session: Session, starting: list[tuple[Job, list[Node]]], now: datetim
         )
 
 
-def _id_of(row: Job | Attempt | Node) -> int:
+def _id_of(row: Job | Attempt) -> int:
     assert row.id is not None
     return row.id

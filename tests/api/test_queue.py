@@ -145,13 +145,17 @@ def test_a_plan_that_fails_leaves_the_submitted_job_queued_and_the_clock_places_
     def fails_once(session: Any, settings: Any) -> bool:
         if not failures:
             failures.append(True)
+            assert real(session, settings)  # it started the job, then fails
             raise OperationalError("SELECT", {}, Exception("the database went away"))
         return real(session, settings)
 
     monkeypatch.setattr(placement, "schedule", fails_once)
     job = submit(client, name="kept")
-    assert failures and job["status"] == "queued"  # the submit stands, answered
+    # The submit stands, answered; nothing of the failed plan does.
+    assert failures and job["status"] == "queued"
+    assert client.get(f"/jobs/{job['id']}").json()["attempts"] == []
     wait_for(
         lambda: client.get(f"/jobs/{job['id']}").json()["status"] == "running",
         what="the clock's next tick to place the job",
     )
+    assert [a["number"] for a in client.get(f"/jobs/{job['id']}").json()["attempts"]] == [1]

@@ -133,9 +133,9 @@ def watch_savepoints(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     written: list[bool] = []
     write = placement._write
 
-    def watched(core: Core, group: list[Grouped[Any]], *, savepoints: bool) -> None:
+    def watched(core: Core, group: list[Grouped[Any]], *, savepoints: bool, planning: bool) -> None:
         written.append(savepoints)
-        write(core, group, savepoints=savepoints)
+        write(core, group, savepoints=savepoints, planning=planning)
 
     monkeypatch.setattr(placement, "_write", watched)
     return written
