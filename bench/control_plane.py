@@ -11,7 +11,8 @@ For each case, in one run: registrations a second (32 at a time); with
 every node idle (long-polling and beating), the servers' CPU per 1,000
 nodes and the p50/p99 of polls beyond their wait, of heartbeats and of
 ``GET /jobs/{id}`` (10 a second, as dashboards ask); then placements a
-second: 1,000 single-machine jobs submitted at once, from the first submit
+second: 1,000 single-machine jobs, 16 submits in flight at a time
+(``--submitters``), from the first submit
 until the last has succeeded, or those that did within 90 s (the
 nodes report each part started and finished at once), and meanwhile how
 much of the time the write lock was held, summed over the servers (their
@@ -65,6 +66,9 @@ WARM_S = 5.0
 class Case:
     database: str  # "sqlite" or "postgresql"
     servers: int
+    # Submits in flight at once while placing: each is answered once its
+    # job is planned, so this is the load offered (--submitters).
+    submitters: int = 16
 
 
 @dataclass
@@ -185,7 +189,7 @@ async def _measure(cluster: LocalCluster, case: Case, nodes: int, window_s: floa
         lock0 = await _write_lock(client, urls)
         server_cpu0, machine0 = _cpu(servers), _machine_busy_s()
         placing0 = time.perf_counter()
-        placements_per_s = await _placements(client, urls)
+        placements_per_s = await _placements(client, urls, case.submitters)
         placing_s = time.perf_counter() - placing0
         server_cores = (_cpu(servers) - server_cpu0) / placing_s
         machine_cores = (_machine_busy_s() - machine0) / placing_s
@@ -244,8 +248,8 @@ async def _write_lock(client: httpx.AsyncClient, urls: list[str]) -> tuple[float
     return transactions, held_s
 
 
-async def _placements(client: httpx.AsyncClient, urls: list[str]) -> float:
-    """1,000 single-machine jobs, 16 submits at a time across the servers:
+async def _placements(client: httpx.AsyncClient, urls: list[str], submitters: int) -> float:
+    """1,000 single-machine jobs, ``submitters`` submits at a time across the servers:
     jobs a second from the first submit until the last has succeeded (or
     those that succeeded within PLACEMENT_DEADLINE_S)."""
     started = time.perf_counter()
@@ -269,7 +273,7 @@ async def _placements(client: httpx.AsyncClient, urls: list[str]) -> float:
                         raise
             answer.raise_for_status()
 
-    await asyncio.gather(*(submitting(lane) for lane in range(16)))
+    await asyncio.gather(*(submitting(lane) for lane in range(submitters)))
     while True:
         page = await client.get(f"{urls[0]}/jobs", params={"status": "succeeded", "limit": 1})
         if page.json()["count"] >= PLACED_JOBS:
@@ -300,6 +304,9 @@ def main() -> None:
     parser.add_argument("--heartbeat-timeout", type=float, default=30.0)
     parser.add_argument("--poll-wait", type=float, default=10.0)
     parser.add_argument(
+        "--submitters", type=int, default=16, help="submits in flight at once while placing"
+    )
+    parser.add_argument(
         "--cases",
         nargs="+",
         choices=["sqlite", "postgresql:1", "postgresql:2"],
@@ -308,7 +315,10 @@ def main() -> None:
     args = parser.parse_args()
     both = ["postgresql:1", "postgresql:2"] if args.postgres_url else []
     names = args.cases or ["sqlite", *both]
-    cases = [Case(n.split(":")[0], int(n.split(":")[1]) if ":" in n else 1) for n in names]
+    cases = [
+        Case(n.split(":")[0], int(n.split(":")[1]) if ":" in n else 1, args.submitters)
+        for n in names
+    ]
     if any(case.database == "postgresql" for case in cases) and not args.postgres_url:
         parser.error("the PostgreSQL cases need --postgres-url")
     rows = []
