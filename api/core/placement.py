@@ -330,9 +330,10 @@ def _write_group(core: Core, group: list[Grouped[Any]]) -> None:
     a write, a fifth of a placed job's statements); one that raises having
     written has the group written again, each write in a savepoint of its
     own (a node sending such reports costs the writer one group twice at
-    most, not every group). The plan after them has no savepoint either
-    (two more round trips a group): a plan that fails has the group
-    written again without one, and the clock's next tick plans the queue.
+    most, not every group). The plan after them (and the checks of
+    whether it is needed) has no savepoint either (two more round trips a
+    group): a plan or a check that fails has the group written again
+    without either, and the clock's next tick plans the queue.
     An error of the transaction itself (its commit) is raised: every one
     in the group has it (GroupedWrites.run)."""
     savepoints, planning = False, True
@@ -358,8 +359,9 @@ class _WroteThenRaised(Exception):
 
 
 class _PlanFailed(Exception):
-    """The plan a group asked for raised: what it wrote cannot be told from
-    the group's writes without a savepoint."""
+    """The plan a group asked for, or a check of whether it needs one,
+    raised: what it wrote cannot be told from the group's writes without a
+    savepoint (and a failed statement ends a PostgreSQL transaction)."""
 
 
 def _write(core: Core, group: list[Grouped[Any]], *, savepoints: bool, planning: bool) -> None:
@@ -372,10 +374,10 @@ def _write(core: Core, group: list[Grouped[Any]], *, savepoints: bool, planning:
                 raise
             except Exception as exc:
                 grouped.error = exc
-        needs = [grouped.need for grouped in group if grouped.error is None]
-        if planning and _wants_a_plan(session, needs):
+        if planning:
             try:
-                schedule(session, core.settings)
+                if _wants_a_plan([grouped.need for grouped in group if grouped.error is None]):
+                    schedule(session, core.settings)
             except Exception as exc:
                 raise _PlanFailed() from exc
 
@@ -435,23 +437,13 @@ def _wrote_since(session: Session, before: int) -> bool:
     )
 
 
-def _wants_a_plan(session: Session, needs: list[PlanNeed]) -> bool:
+def _wants_a_plan(needs: list[PlanNeed]) -> bool:
     """Whether any write of a group says the queue needs planning, asking
-    the checks only while none has said yes. A check that fails counts as
-    a yes: the plan decides the same (and sets each job's reason)."""
+    the checks only while none has said yes (a check that raises is raised:
+    _write)."""
     if any(need is True for need in needs):
         return True
-    for need in needs:
-        if not callable(need):
-            continue
-        try:
-            with session.begin_nested():
-                if need():
-                    return True
-        except Exception:
-            log.exception("asking whether the queue needs planning failed; planning it")
-            return True
-    return False
+    return any(need() for need in needs if callable(need))
 
 
 def _may_preempt(session: Session, priority: int) -> bool:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from api.core import placement
+from api.core import jobs, placement
 from cli.__main__ import main as cli
 from tests.api.conftest import ProtocolNode, ThreadedServer, wait_for
 from tests.api.test_jobs_api import submit
@@ -159,3 +159,25 @@ def test_a_plan_that_fails_leaves_the_submitted_job_queued_and_the_clock_places_
         what="the clock's next tick to place the job",
     )
     assert [a["number"] for a in client.get(f"/jobs/{job['id']}").json()["attempts"]] == [1]
+
+
+def test_a_failed_check_of_whether_to_plan_leaves_the_job_queued_and_the_clock_places_it(
+    client: httpx.Client, server: ThreadedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ProtocolNode(client, "n1")
+    real = jobs.needs_a_plan
+    failures: list[bool] = []
+
+    def fails_once(*args: Any) -> bool:
+        if not failures:
+            failures.append(True)
+            raise OperationalError("SELECT", {}, Exception("the database went away"))
+        return real(*args)
+
+    monkeypatch.setattr(jobs, "needs_a_plan", fails_once)
+    job = submit(client, name="kept")
+    assert failures and job["status"] == "queued"
+    wait_for(
+        lambda: client.get(f"/jobs/{job['id']}").json()["status"] == "running",
+        what="the clock's next tick to place the job",
+    )

@@ -15,14 +15,14 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from api.core import jobs, placement
+from api.core import jobs, nodes, placement
 from api.core.context import Core, Grouped, GroupedWrites
 from api.core.errors import Conflict, Forbidden, TooMany
 from api.core.people import Actor
 from api.views import read_job
 from db import queries
 from ddpo.lifecycle import JobStatus
-from ddpo.schemas import JobSpec, Topology, TrainResult
+from ddpo.schemas import JobSpec, NodeRegistration, Topology, TrainResult
 from ddpo.schemas.people import AuditAction
 from tests.api.conftest import wait_for
 from tests.unit.test_core import a_core, finish, join, started, status
@@ -311,6 +311,41 @@ def test_submits_arriving_together_are_decided_in_order_and_their_jobs_inserted_
     assert written == [False, False]
     inserts = [one for one in statements if one.startswith("INSERT INTO JOB ")]
     assert len(inserts) == (3 if core.db.is_sqlite else 1)
+
+
+def test_a_groups_plan_starts_the_jobs_it_submitted_without_reading_them_or_their_nodes_again(
+    core: Core, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node_ids = [
+        nodes.register_node(
+            core, NodeRegistration(name=f"n{i}", address=f"10.0.0.{7 + i}"), None, enforce=False
+        )[0]
+        for i in range(3)
+    ]
+    written = watch_savepoints(monkeypatch)
+    two_machines = JobSpec(name="b", topology=Topology(num_machines=2))
+    answers, statements = one_group(
+        core,
+        [
+            lambda: jobs.submit_job(core, JobSpec(name="a", max_steps_per_epoch=1), ALICE),
+            lambda: jobs.submit_job(core, two_machines, ALICE),
+        ],
+    )
+    (a, _), (b, _) = answers
+    assert status(core, a) is JobStatus.RUNNING and status(core, b) is JobStatus.RUNNING
+    # Each machine's assignment names the address of the node machine 0 is on.
+    starts = {node_id: nodes.poll_node(core, node_id, [], []).start for node_id in node_ids}
+    b_parts = [(n, s) for n, found in starts.items() for s in found if s.job_id == b]
+    (b_first,) = [node_id for node_id, s in b_parts if s.machine_id == 0]
+    addresses = dict(zip(node_ids, ("10.0.0.7", "10.0.0.8", "10.0.0.9"), strict=True))
+    assert {s.master_addr for _, s in b_parts} == {addresses[b_first]}
+    # The group's one transaction (after the holder's) read the new jobs'
+    # rows and specs, and the chosen nodes' rows, from what it held: no
+    # statement picks jobs or nodes by id, and the plan had no savepoint.
+    assert written == [False, False]
+    assert not [one for one in statements if "WHERE JOB.ID IN" in one]
+    assert not [one for one in statements if "FROM NODE WHERE NODE.ID IN" in one]
+    assert not [one for one in statements if "SAVEPOINT" in one]
 
 
 def test_finishes_arriving_together_are_read_and_written_at_once_and_refusals_stand_apart(
