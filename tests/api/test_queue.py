@@ -135,21 +135,36 @@ def test_submits_at_the_same_time_are_each_answered_with_their_placement(
     assert len(placed) == 12  # one a node: the plan spread them
 
 
+@pytest.mark.parametrize(
+    "failing",
+    [
+        # The plan: it starts the job, then raises.
+        (placement, "schedule"),
+        # The check of whether the queue needs one, before any plan.
+        (jobs, "needs_a_plan"),
+    ],
+    ids=["the plan", "the check whether to plan"],
+)
 def test_a_plan_that_fails_leaves_the_submitted_job_queued_and_the_clock_places_it(
-    client: httpx.Client, server: ThreadedServer, monkeypatch: pytest.MonkeyPatch
+    client: httpx.Client,
+    server: ThreadedServer,
+    monkeypatch: pytest.MonkeyPatch,
+    failing: tuple[object, str],
 ) -> None:
     ProtocolNode(client, "n1")
-    real = placement.schedule
+    module, name = failing
+    real = getattr(module, name)
     failures: list[bool] = []
 
-    def fails_once(session: Any, settings: Any) -> bool:
+    def fails_once(*args: Any) -> bool:
         if not failures:
             failures.append(True)
-            assert real(session, settings)  # it started the job, then fails
+            if name == "schedule":
+                assert real(*args)  # it started the job
             raise OperationalError("SELECT", {}, Exception("the database went away"))
-        return real(session, settings)
+        return bool(real(*args))
 
-    monkeypatch.setattr(placement, "schedule", fails_once)
+    monkeypatch.setattr(module, name, fails_once)
     job = submit(client, name="kept")
     # The submit stands, answered; nothing of the failed plan does.
     assert failures and job["status"] == "queued"
@@ -159,25 +174,3 @@ def test_a_plan_that_fails_leaves_the_submitted_job_queued_and_the_clock_places_
         what="the clock's next tick to place the job",
     )
     assert [a["number"] for a in client.get(f"/jobs/{job['id']}").json()["attempts"]] == [1]
-
-
-def test_a_failed_check_of_whether_to_plan_leaves_the_job_queued_and_the_clock_places_it(
-    client: httpx.Client, server: ThreadedServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    ProtocolNode(client, "n1")
-    real = jobs.needs_a_plan
-    failures: list[bool] = []
-
-    def fails_once(*args: Any) -> bool:
-        if not failures:
-            failures.append(True)
-            raise OperationalError("SELECT", {}, Exception("the database went away"))
-        return real(*args)
-
-    monkeypatch.setattr(jobs, "needs_a_plan", fails_once)
-    job = submit(client, name="kept")
-    assert failures and job["status"] == "queued"
-    wait_for(
-        lambda: client.get(f"/jobs/{job['id']}").json()["status"] == "running",
-        what="the clock's next tick to place the job",
-    )
