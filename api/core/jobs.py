@@ -13,7 +13,7 @@ from api.core import lookup, offers
 from api.core.context import Core, PlanNeed
 from api.core.errors import Conflict, NotFound, TooMany
 from api.core.people import Actor, check_may_steer, record
-from api.core.placement import needs_a_plan, schedule, write_grouped
+from api.core.placement import needs_a_plan, schedule, write_together
 from api.core.settlement import cancel
 from api.settings import ServerSettings
 from db import queries
@@ -48,16 +48,10 @@ def submit_job(
         spec = offers.checked(session, spec)
     asked = _Submit(core, spec, actor, idempotency_key)
 
-    def alone(session: Session) -> tuple[tuple[int, bool], PlanNeed]:
-        (outcome,) = _write_submits(session, [asked])
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
-
     # With the submits and reports waiting meanwhile (the submits made
     # together), and planned with them if it could start: answered once
     # planned, so the answer says whether the job started.
-    job_id, created = write_grouped(core, alone, _write_submits, asked)
+    job_id, created = write_together(core, _write_submits, asked)
     if created:
         log.info("job %d submitted: %s", job_id, spec.model_dump_json())
     return job_id, created

@@ -41,6 +41,7 @@ from ddpo.schemas.people import AuditAction
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 
 @dataclass(frozen=True)
@@ -320,6 +321,25 @@ def write_grouped(
     if grouped.error is not None:
         raise grouped.error
     return cast(T, grouped.value)
+
+
+def write_together(
+    core: Core,
+    together: Callable[[Session, list[A]], list[tuple[T, PlanNeed] | Exception]],
+    asked: A,
+) -> T:
+    """write_grouped for a write of a kind made many at once: ``asked`` is
+    made by ``together`` with the group's others of its kind, or, written
+    alone (a savepoint each, after a write raised having written), as a
+    batch of one whose refusal is raised."""
+
+    def alone(session: Session) -> tuple[T, PlanNeed]:
+        (outcome,) = together(session, [asked])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    return write_grouped(core, alone, together, asked)
 
 
 def _write_group(core: Core, group: list[Grouped[Any]]) -> None:

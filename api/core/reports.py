@@ -14,7 +14,7 @@ from sqlmodel import Session
 from api.core import lookup, sweeps
 from api.core.context import Core, PlanNeed
 from api.core.errors import Conflict, Forbidden, NotFound, TooMany
-from api.core.placement import write_grouped
+from api.core.placement import write_together
 from api.core.settlement import explain_given_up_attempt, may_explain, settle
 from db import queries
 from db.models import LAUNCHER_RANK, Job, LogRow, Part, ProgressRow, utcnow
@@ -219,13 +219,7 @@ def finish_part(core: Core, part_id: int, report: PartFinished) -> bool:
     core.sightings.saw(report.node_id)
     asked = _Finish(core, part_id, report)
 
-    def alone(session: Session) -> tuple[bool | None, PlanNeed]:
-        (outcome,) = _write_finishes(session, [asked])
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
-
-    return bool(write_grouped(core, alone, _write_finishes, asked))
+    return bool(write_together(core, _write_finishes, asked))
 
 
 def _write_finishes(
