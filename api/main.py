@@ -169,7 +169,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     for router in (health.router, prometheus.router, dashboard.router, reference.router):
         app.include_router(router)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(IllegalTransition, _illegal_transition)
+    app.add_exception_handler(IllegalTransition, _refused)
     app.add_exception_handler(DomainError, _refused)
     return app
 
@@ -472,13 +472,10 @@ def _echoable(error: Any, msg: str) -> dict[str, Any]:
     }
 
 
-async def _illegal_transition(request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse(status_code=409, content={"detail": str(exc)})
-
-
 async def _refused(request: Request, exc: Exception) -> JSONResponse:
-    """The domain's refusals (api/core/errors.py), answered with their status."""
-    assert isinstance(exc, DomainError)
+    """The domain's refusals (api/core/errors.py), answered with their
+    status, and a status change the state machine refuses (409)."""
+    assert isinstance(exc, (DomainError, IllegalTransition))
     return refusal(exc)
 
 

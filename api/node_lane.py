@@ -1,16 +1,20 @@
-"""Polls and heartbeats answered before routing.
+"""Polls, heartbeats and a part's "started" and "finished" answered before
+routing.
 
-They are most of what a large cluster sends: every node asks once a poll
-wait whether anything changed, and most of the time nothing did. Through
+Polls and heartbeats are most of what a large cluster sends: every node
+asks once a poll wait whether anything changed, and most of the time
+nothing did. A part's start and finish are two of the four requests each
+placed job costs (with its submit and the poll that hands it out). Through
 FastAPI each costs routing, dependency solving and a dozen middleware
 layers, more CPU than the answer itself (BENCHMARKS.md, "Thousands of
-simulated nodes"). This lane sits inside authentication and the body cap,
-so it sees only requests whose caller and size were already checked, and
-answers a well-formed poll or heartbeat with the same code as the routes
-(api/node_answers.py). Anything else, a malformed body, a credential
-acting for another node, an unknown query parameter, goes on to FastAPI,
-whose answer (422, 403) says what is wrong. Its latency is recorded under
-the route's name as FastAPI's would be."""
+simulated nodes" and "Placements at 5,000 nodes"). This lane sits inside
+authentication and the body cap, so it sees only requests whose caller and
+size were already checked, and answers a well-formed one with the same
+code as the routes (api/node_answers.py, api/core/reports.py). Anything
+else, a malformed body, a credential acting for another node, an unknown
+query parameter, goes on to FastAPI, whose answer (422, 403) says what is
+wrong. Its latency is recorded under the route's name as FastAPI's would
+be."""
 
 from __future__ import annotations
 
@@ -21,19 +25,39 @@ from typing import Any
 
 from prometheus_client import Histogram
 from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import route_table
 from api.auth import caller_node
+from api.core import reports
 from api.core.context import Core
 from api.core.errors import DomainError
 from api.node_answers import answer_heartbeat, answer_poll
 from api.notifier import Notifier
 from api.quiet_nodes import QuietNodes
 from api.refusals import refusal
-from ddpo.schemas import DB_INT_MAX, HeartbeatRequest, PollRequest
+from ddpo.lifecycle import IllegalTransition
+from ddpo.schemas import (
+    DB_INT_MAX,
+    Ack,
+    HeartbeatRequest,
+    PartFinished,
+    PartStarted,
+    PollRequest,
+)
 
-_NODE_ROUTE = re.compile(r"^/nodes/([1-9][0-9]{0,18})/(poll|heartbeat)$")
+# A node's own routes name it in the path; a part's name the part there
+# and the node it acts for in the body.
+_LANE_ROUTE = re.compile(
+    r"^/(?:nodes/([1-9][0-9]{0,18})/(poll|heartbeat)|parts/([1-9][0-9]{0,18})/(started|finish))$"
+)
+_LANE: dict[str, tuple[route_table.Route, type[BaseModel]]] = {
+    "poll": (route_table.POLL, PollRequest),
+    "heartbeat": (route_table.HEARTBEAT, HeartbeatRequest),
+    "started": (route_table.PART_STARTED, PartStarted),
+    "finish": (route_table.PART_FINISH, PartFinished),
+}
 _JSON_BODY = re.compile(rb"^application/(?:[\w.+-]+\+)?json\s*(?:;.*)?$", re.IGNORECASE)
 
 
@@ -54,7 +78,7 @@ class NodeLane:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         hit = (
-            _NODE_ROUTE.match(scope["path"])
+            _LANE_ROUTE.match(scope["path"])
             if scope["type"] == "http" and scope["method"] == "POST"
             else None
         )
@@ -62,17 +86,24 @@ class NodeLane:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        node_id, kind = int(hit[1]), hit[2]
+        kind = hit[2] or hit[4]
+        path_id = int(hit[1] or hit[3])
+        route, model = _LANE[kind]
         own = caller_node(scope.get("state", {}))
         body, ended = await _whole_body(receive)
-        request = _parsed(PollRequest if kind == "poll" else HeartbeatRequest, body)
-        if node_id > DB_INT_MAX or (own is not None and own != node_id) or request is None:
+        request = _parsed(model, body)
+        if (
+            path_id > DB_INT_MAX
+            or request is None
+            or (own is not None and own != _acting_for(path_id, request))
+        ):
             await self.app(scope, _replaying(body, ended, receive), send)
             return
-        route = route_table.POLL if kind == "poll" else route_table.HEARTBEAT
         try:
-            answer = await self._answer(node_id, request)
-        except DomainError as exc:  # an unknown or revoked node: as the route's handler says it
+            answer = await self._answer(path_id, request)
+        except (DomainError, IllegalTransition) as exc:
+            # An unknown or revoked node, another node's part: as the
+            # routes' exception handlers say it.
             refused = refusal(exc)
             self._observe(route, refused.status_code, started)
             await refused(scope, receive, send)
@@ -86,14 +117,33 @@ class NodeLane:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 
-    async def _answer(self, node_id: int, request: PollRequest | HeartbeatRequest) -> BaseModel:
+    async def _answer(self, path_id: int, request: BaseModel) -> BaseModel:
         if isinstance(request, PollRequest):
-            return await answer_poll(self.core, self.notifier, self.quiet, node_id, request)
-        return await answer_heartbeat(self.core, self.quiet, node_id, request)
+            return await answer_poll(self.core, self.notifier, self.quiet, path_id, request)
+        if isinstance(request, HeartbeatRequest):
+            return await answer_heartbeat(self.core, self.quiet, path_id, request)
+        # A part's reports write: in the thread pool, as FastAPI runs the
+        # routes' (synchronous) handlers.
+        if isinstance(request, PartStarted):
+            accepted = await run_in_threadpool(
+                reports.part_started, self.core, path_id, request.node_id
+            )
+        else:
+            assert isinstance(request, PartFinished)
+            accepted = await run_in_threadpool(reports.finish_part, self.core, path_id, request)
+        return Ack(accepted=accepted)
 
     def _observe(self, route: route_table.Route, status: int, started: float) -> None:
         """As api/monitoring.py's LatencyMiddleware times the routes' answers."""
         self.latency.labels("POST", route.path, str(status)).observe(time.perf_counter() - started)
+
+
+def _acting_for(path_id: int, request: BaseModel) -> int:
+    """The node a request acts for: the path's for a node's own routes, the
+    body's for a part's reports."""
+    if isinstance(request, (PartStarted, PartFinished)):
+        return request.node_id
+    return path_id
 
 
 def _json_or_unsaid(scope: Scope) -> bool:
@@ -117,7 +167,7 @@ async def _whole_body(receive: Receive) -> tuple[bytes, Message | None]:
             return b"".join(chunks), None
 
 
-def _parsed(model: type[PollRequest] | type[HeartbeatRequest], body: bytes) -> Any:
+def _parsed(model: type[BaseModel], body: bytes) -> Any:
     """The body as ``model``, or None: FastAPI says what is wrong with it."""
     try:
         return model.model_validate(json.loads(body))

@@ -1,6 +1,7 @@
-"""The domain's refusals (api/core/errors.py) as HTTP answers: one shape for
-the routes' exception handler (api/main.py) and for the lane that answers
-polls and heartbeats before routing (api/node_lane.py)."""
+"""The domain's refusals (api/core/errors.py) and a refused status change
+as HTTP answers: one shape for the routes' exception handlers (api/main.py)
+and for the lane that answers a node's requests before routing
+(api/node_lane.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import math
 from fastapi.responses import JSONResponse
 
 from api.core.errors import DomainError, InvalidFields
+from ddpo.lifecycle import IllegalTransition
 
 
-def refusal(exc: DomainError) -> JSONResponse:
+def refusal(exc: DomainError | IllegalTransition) -> JSONResponse:
     """``exc`` answered with its status; a field's refusal names the field."""
+    if isinstance(exc, IllegalTransition):
+        return JSONResponse(status_code=409, content={"detail": str(exc)})
     if isinstance(exc, InvalidFields):
         detail = [
             {

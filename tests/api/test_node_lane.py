@@ -1,6 +1,7 @@
-"""Polls and heartbeats answered before routing (api/node_lane.py): the
-same answers as the routes give, the same refusals for what is wrong with
-a request, and counted in /metrics like every other request."""
+"""Polls, heartbeats and a part's "started" and "finished" answered before
+routing (api/node_lane.py): the same answers as the routes give, the same
+refusals for what is wrong with a request, and counted in /metrics like
+every other request."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import httpx
 import pytest
 
 from api.routes import nodes as node_routes
+from api.routes import parts as part_routes
 from tests.api.conftest import ProtocolNode, ThreadedServer, bearer, make_settings
 
 JOIN = "join-token-for-the-lane-tests-0123456789"
@@ -42,6 +44,29 @@ def routed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(node_routes, "answer_poll", counted_poll)
     monkeypatch.setattr(node_routes, "answer_heartbeat", counted_heartbeat)
     return calls
+
+
+@pytest.fixture
+def routed_parts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The node ids a part's routes in FastAPI were asked to act for (each
+    of them checks that first)."""
+    calls: list[int] = []
+    checked = part_routes.acting_for
+
+    def counted(own: int | None, node_id: int) -> None:
+        calls.append(node_id)
+        checked(own, node_id)
+
+    monkeypatch.setattr(part_routes, "acting_for", counted)
+    return calls
+
+
+def placed_part(client: httpx.Client, node: ProtocolNode) -> tuple[int, int]:
+    """A one-machine job submitted and handed to ``node``: (job id, part id)."""
+    job = client.post("/jobs", json={"epochs": 1}, headers=bearer(USER)).raise_for_status()
+    [start] = node.poll(wait_s=0.5)["start"]
+    assert start["job_id"] == job.json()["id"]
+    return start["job_id"], start["part_id"]
 
 
 def request_count(client: httpx.Client, route: str, status: int) -> float:
@@ -120,3 +145,70 @@ def test_a_revoked_or_unknown_node_is_refused_by_the_lane_and_counted(
         node.poll()
         assert request_count(client, "/nodes/{node_id}/poll", 200) == polls + 1
     assert routed == []
+
+
+def test_a_parts_start_and_finish_skip_routing_and_settle_the_job_as_the_routes_would(
+    served: tuple[ThreadedServer, httpx.Client], routed_parts: list[int]
+) -> None:
+    _, client = served
+    node = ProtocolNode(client, "lane-node", JOIN)
+    job_id, part_id = placed_part(client, node)
+    counted = request_count(client, "/parts/{part_id}/started", 200)
+    started = client.post(
+        f"/parts/{part_id}/started", json={"node_id": node.node_id}, headers=node.headers
+    )
+    assert started.status_code == 200 and started.json() == {"accepted": True}
+    assert request_count(client, "/parts/{part_id}/started", 200) == counted + 1
+    [part] = client.get(f"/jobs/{job_id}", headers=bearer(USER)).json()["parts"]
+    assert part["status"] == "running" and part["started_at"] is not None
+
+    finished = node.finish(part_id, "failed", exit_code=3, message="lane")
+    assert finished.status_code == 200 and finished.json() == {"accepted": True}
+    job = client.get(f"/jobs/{job_id}", headers=bearer(USER)).json()
+    assert job["status"] == "failed" and job["error"]["exit_code"] == 3
+    # Said again, a finish changes nothing, as the route says it.
+    again = node.finish(part_id, "succeeded")
+    assert again.status_code == 200 and again.json() == {"accepted": False}
+    assert client.get(f"/jobs/{job_id}", headers=bearer(USER)).json()["status"] == "failed"
+    assert routed_parts == []  # none of them went through FastAPI's routing
+
+
+def test_what_is_wrong_with_a_parts_report_is_said_as_the_routes_say_it(
+    served: tuple[ThreadedServer, httpx.Client], routed_parts: list[int]
+) -> None:
+    _, client = served
+    node = ProtocolNode(client, "lane-node", JOIN)
+    other = ProtocolNode(client, "other-node", JOIN)
+    job_id, part_id = placed_part(client, node)
+    started = f"/parts/{part_id}/started"
+
+    # Refused by the lane itself, from the domain's answer.
+    not_its_own = client.post(started, json={"node_id": other.node_id}, headers=other.headers)
+    assert not_its_own.status_code == 403 and f"part {part_id}" in not_its_own.text
+    missing = client.post(
+        f"/parts/{part_id + 1000}/finish",
+        json={"node_id": node.node_id, "status": "succeeded"},
+        headers=node.headers,
+    )
+    assert missing.status_code == 404 and f"part {part_id + 1000}" in missing.text
+    assert routed_parts == []
+
+    # Handed on to FastAPI, whose answer names what is wrong.
+    for_another = client.post(started, json={"node_id": other.node_id}, headers=node.headers)
+    assert for_another.status_code == 403 and f"node {node.node_id}'s" in for_another.text
+    bad_status = node.finish(part_id, "done")
+    assert bad_status.status_code == 422 and "status" in bad_status.json()["detail"][0]["msg"]
+    unknown_field = client.post(
+        started, json={"node_id": node.node_id, "when": 1}, headers=node.headers
+    )
+    assert unknown_field.status_code == 422 and "when" in unknown_field.text
+    query = client.post(f"{started}?at=1", json={"node_id": node.node_id}, headers=node.headers)
+    assert query.status_code == 422 and "at" in query.text
+    too_big = client.post(
+        "/parts/99999999999999999999/started", json={"node_id": node.node_id}, headers=node.headers
+    )
+    assert too_big.status_code == 422
+    assert routed_parts == [other.node_id]  # the one that got past validation
+    # None of it changed the part.
+    [part] = client.get(f"/jobs/{job_id}", headers=bearer(USER)).json()["parts"]
+    assert part["status"] == "assigned" and part["started_at"] is None
