@@ -108,6 +108,11 @@ class NodeLane:
             self._observe(route, refused.status_code, started)
             await refused(scope, receive, send)
             return
+        except Exception:
+            # Answered 500 by the server (and logged), counted as FastAPI's
+            # error middleware's would be.
+            self._observe(route, 500, started)
+            raise
         payload = answer.model_dump_json().encode()
         self._observe(route, 200, started)
         headers = [

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from api.core import reports
 from api.routes import nodes as node_routes
 from api.routes import parts as part_routes
 from tests.api.conftest import ProtocolNode, ThreadedServer, bearer, make_settings
@@ -212,3 +213,20 @@ def test_what_is_wrong_with_a_parts_report_is_said_as_the_routes_say_it(
     # None of it changed the part.
     [part] = client.get(f"/jobs/{job_id}", headers=bearer(USER)).json()["parts"]
     assert part["status"] == "assigned" and part["started_at"] is None
+
+
+def test_a_report_that_fails_in_the_server_is_a_500_counted_under_its_route(
+    served: tuple[ThreadedServer, httpx.Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, client = served
+    node = ProtocolNode(client, "lane-node", JOIN)
+    _, part_id = placed_part(client, node)
+
+    def broken(*args: Any) -> bool:
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(reports, "finish_part", broken)
+    before = request_count(client, "/parts/{part_id}/finish", 500)
+    failed = node.finish(part_id, "succeeded")
+    assert failed.status_code == 500
+    assert request_count(client, "/parts/{part_id}/finish", 500) == before + 1
