@@ -190,16 +190,23 @@ def free_suitable(
 class Suits:
     """Which nodes (indices into a plan's list) suit each kind of job
     (_suit_key), and each node's index: true of a list for as long as its
-    nodes stay the same but for their free slots, which neither depends on."""
+    nodes stay the same but for their free slots, which neither depends on.
+
+    With plans given the slots in use apart (:func:`plan`'s ``used``), the
+    list's own free slots stay the same too, and so does the order
+    placement takes each kind's nodes in (``orders``): a plan then makes its
+    heaps of the nodes with slots in use alone, not of thousands."""
 
     kinds: dict[tuple[object, ...], frozenset[int]] = field(default_factory=dict)
     index: dict[int, int] | None = None
+    orders: dict[tuple[object, ...], list[int]] = field(default_factory=dict)
 
 
 def plan(
     queue: Sequence[tuple[int, JobSpec]],
     nodes: Sequence[NodeCapacity],
     suits: Suits | None = None,
+    used: Mapping[int, int] | None = None,
 ) -> dict[int, Placement | Pending]:
     """Decide for each queued job (in queue order) where it starts, or why not.
 
@@ -211,9 +218,12 @@ def plan(
     each placement, without its passes over every node a job: which nodes
     suit a kind of job is found once a plan (:class:`_Taking`), or once for
     many plans: ``suits``, kept by the caller with ``nodes`` while the nodes
-    are the same (filled in here).
+    are the same (filled in here). ``used``: slots in use on nodes, by id,
+    to take off ``nodes``' free slots (the server's nodes all free, and its
+    active parts): ``nodes`` then stay the same from plan to plan, and so
+    does the order a kind's nodes are taken in (kept in ``suits`` too).
     """
-    taking = _Taking(nodes, Suits() if suits is None else suits)
+    taking = _Taking(nodes, Suits() if suits is None else suits, used)
     decisions: dict[int, Placement | Pending] = {}
     head: int | None = None
     for job_id, spec in queue:
@@ -258,25 +268,55 @@ def _suit_key(spec: JobSpec) -> tuple[object, ...] | None:
 class _Kind:
     """The nodes that suit one kind of job, and those of them free."""
 
-    members: frozenset[int]  # indices into _Taking.current
+    members: frozenset[int]  # indices into _Taking.nodes
     free: int  # members with a free slot
-    # (-free slots, node id, index) of the free members, place_gang's order;
-    # an entry whose node's slots have changed since is stale, skipped.
+    # (-free slots, node id, index) of free members, place_gang's order; an
+    # entry whose node's slots have changed since is stale, skipped. Every
+    # free member's, or (with ``order``) those of members whose slots are
+    # not their node's in the list.
     heap: list[tuple[int, int, int]]
+    # The members free in the list, in that order (by their slots there),
+    # skipping those whose slots changed (in the heap); ``position``: the
+    # first not taken yet.
+    order: Sequence[int] = ()
+    position: int = 0
 
 
 class _Taking:
     """The nodes as a plan takes their slots, with which suit each kind of
     job (computed once a plan: with thousands of nodes, a pass over every
-    node for each job was most of a plan's time)."""
+    node for each job was most of a plan's time). A node's free slots are
+    its own in ``nodes`` but for those in ``slots`` (in use, or taken by
+    this plan)."""
 
-    def __init__(self, nodes: Sequence[NodeCapacity], suits: Suits) -> None:
-        self.current = list(nodes)
+    def __init__(
+        self, nodes: Sequence[NodeCapacity], suits: Suits, used: Mapping[int, int] | None
+    ) -> None:
+        self.nodes = nodes
         if suits.index is None:
-            suits.index = {n.node_id: i for i, n in enumerate(self.current)}
+            suits.index = {n.node_id: i for i, n in enumerate(nodes)}
         self._index = suits.index
         self._kinds: dict[tuple[object, ...], _Kind] = {}
-        self._suits = suits.kinds
+        self._suits = suits
+        # Given the slots in use apart, the list's own stay the same plan
+        # after plan: the order of each kind's free nodes in it is kept.
+        self._ordered = used is not None
+        self.slots: dict[int, int] = {}
+        for node_id, in_use in (used or {}).items():
+            i = self._index.get(node_id)
+            if i is not None and in_use:
+                self.slots[i] = nodes[i].free_slots - in_use
+
+    def free_slots(self, i: int) -> int:
+        return self.slots.get(i, self.nodes[i].free_slots)
+
+    @property
+    def current(self) -> list[NodeCapacity]:
+        """Every node with its free slots now (a pass over all of them)."""
+        return [
+            replace(n, free_slots=self.slots[i]) if i in self.slots else n
+            for i, n in enumerate(self.nodes)
+        ]
 
     def kind(self, spec: JobSpec) -> _Kind | None:
         key = _suit_key(spec)
@@ -284,49 +324,76 @@ class _Taking:
             return None
         kind = self._kinds.get(key)
         if kind is None:
-            members = self._suits.get(key)
+            members = self._suits.kinds.get(key)
             if members is None:
-                members = frozenset(i for i, n in enumerate(self.current) if _suits(n, spec))
-                self._suits[key] = members
-            heap = [
-                (-self.current[i].free_slots, self.current[i].node_id, i)
-                for i in members
-                if self.current[i].free_slots > 0
-            ]
-            heapq.heapify(heap)
-            kind = self._kinds[key] = _Kind(members, len(heap), heap)
+                members = frozenset(i for i, n in enumerate(self.nodes) if _suits(n, spec))
+                self._suits.kinds[key] = members
+            kind = self._kinds[key] = (
+                self._ordered_kind(key, members) if self._ordered else self._heaped_kind(members)
+            )
         return kind
+
+    def _heaped_kind(self, members: frozenset[int]) -> _Kind:
+        heap = [
+            (-slots, self.nodes[i].node_id, i) for i in members if (slots := self.free_slots(i)) > 0
+        ]
+        heapq.heapify(heap)
+        return _Kind(members, len(heap), heap)
+
+    def _ordered_kind(self, key: tuple[object, ...], members: frozenset[int]) -> _Kind:
+        order = self._suits.orders.get(key)
+        if order is None:
+            free = [i for i in members if self.nodes[i].free_slots > 0]
+            free.sort(key=lambda i: (-self.nodes[i].free_slots, self.nodes[i].node_id))
+            order = self._suits.orders[key] = free
+        changed = [i for i in self.slots if i in members]
+        heap = [(-self.slots[i], self.nodes[i].node_id, i) for i in changed if self.slots[i] > 0]
+        heapq.heapify(heap)
+        free_in_list = sum(1 for i in changed if self.nodes[i].free_slots > 0)
+        return _Kind(members, len(order) - free_in_list + len(heap), heap, order)
 
     def counts(self, spec: JobSpec, kind: _Kind | None) -> Counts:
         if kind is None:
-            suitable, free = _suitable_and_free(spec, self.current)
-            return _counts(spec, self.current, suitable, free)
+            current = self.current
+            suitable, free = _suitable_and_free(spec, current)
+            return _counts(spec, current, suitable, free)
         return {
             "nodes_needed": spec.topology.num_machines,
             "nodes_suitable": len(kind.members),
             "nodes_free": kind.free,
-            "nodes_live": len(self.current),
+            "nodes_live": len(self.nodes),
         }
 
     def pick(self, kind: _Kind, machines: int) -> list[int]:
         """The ``machines`` free members place_gang would choose, taken off
-        the kind's heap (:meth:`take` puts back what is left of each)."""
+        the kind's order and heap (:meth:`take` puts back what is left of
+        each in the heap)."""
         chosen: list[int] = []
+        heap, order = kind.heap, kind.order
         while len(chosen) < machines:
-            slots, node_id, i = heapq.heappop(kind.heap)
-            if -slots == self.current[i].free_slots:
-                chosen.append(node_id)
+            while heap and -heap[0][0] != self.free_slots(heap[0][2]):
+                heapq.heappop(heap)  # stale: its node's slots changed since
+            while kind.position < len(order) and order[kind.position] in self.slots:
+                kind.position += 1  # its slots changed: it is in the heap if free
+            if kind.position < len(order):
+                i = order[kind.position]
+                listed = (-self.nodes[i].free_slots, self.nodes[i].node_id, i)
+                if not heap or listed < heap[0]:
+                    kind.position += 1
+                    chosen.append(listed[1])
+                    continue
+            chosen.append(heapq.heappop(heap)[1])
         return chosen
 
     def take(self, node_id: int) -> None:
         """One slot of the node taken."""
         i = self._index[node_id]
-        before = self.current[i]
-        after = self.current[i] = replace(before, free_slots=before.free_slots - 1)
+        before = self.free_slots(i)
+        after = self.slots[i] = before - 1
         for kind in self._kinds.values():
             if i not in kind.members:
                 continue
-            if after.free_slots > 0:
-                heapq.heappush(kind.heap, (-after.free_slots, node_id, i))
-            elif before.free_slots > 0:
+            if after > 0:
+                heapq.heappush(kind.heap, (-after, node_id, i))
+            elif before > 0:
                 kind.free -= 1

@@ -4,6 +4,7 @@ pure)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -480,15 +481,25 @@ class QueueSurvey:
     jobs: list[QueuedJob]
     decisions: dict[int, Placement | Pending]
     next_due: datetime | None
-    # The live nodes with their free slots now; None when no job was due
-    # (nothing to place: the nodes were not read).
-    nodes: list[NodeCapacity] | None
+    # The live nodes and the slots in use on them, by node id; None when no
+    # job was due (nothing to place: the nodes were not read).
+    live: LiveNodes | None
+    used: dict[int, int] = field(default_factory=dict)
     # The first job waiting for slots (it may preempt), and the running
     # jobs asked to stop at a step (read only when there is such a job).
     head: QueuedJob | None = None
     stopping: list[RunningAttempt] | None = None
-    # The live nodes, by id (empty when ``nodes`` is None).
-    machines: dict[int, Machine] = field(default_factory=dict)
+
+    @functools.cached_property
+    def nodes(self) -> list[NodeCapacity] | None:
+        """The live nodes with their free slots now (a pass over every node,
+        made only when asked: a plan does without)."""
+        return None if self.live is None else _less_used(self.live, self.used)
+
+    @property
+    def machines(self) -> dict[int, Machine]:
+        """The live nodes, by id (empty when no job was due)."""
+        return {} if self.live is None else self.live.machines
 
 
 def survey_queue(session: Session, jobs: list[QueuedJob], now: datetime) -> QueueSurvey:
@@ -512,7 +523,7 @@ def survey_queue(session: Session, jobs: list[QueuedJob], now: datetime) -> Queu
     if not due:
         return QueueSurvey(jobs, decisions, next_due, None)
     live = live_nodes(session)
-    nodes = free_capacity(session, live)
+    used = queries.active_part_counts(session=session)
     elastic_jobs = [job_id for job_id, j in due.items() if j.spec.topology.elastic]
     for job_id in queries.jobs_with_active_parts(session=session, job_ids=elastic_jobs):
         del due[job_id]
@@ -530,7 +541,9 @@ def survey_queue(session: Session, jobs: list[QueuedJob], now: datetime) -> Queu
                 f"study {before.study_id}: waiting for job {before.id} to end",
                 behind_job=before.id,
             )
-    decisions.update(plan([(job_id, j.spec) for job_id, j in due.items()], nodes, live.suits))
+    decisions.update(
+        plan([(job_id, j.spec) for job_id, j in due.items()], live.nodes, live.suits, used)
+    )
     head = next(
         (
             job
@@ -541,13 +554,14 @@ def survey_queue(session: Session, jobs: list[QueuedJob], now: datetime) -> Queu
         None,
     )
     if head is None:
-        return QueueSurvey(jobs, decisions, next_due, nodes, machines=live.machines)
+        return QueueSurvey(jobs, decisions, next_due, live, used)
     stopping = queries.running_attempts(session=session, stopping=True)
+    survey = QueueSurvey(jobs, decisions, next_due, live, used, head, stopping)
     waiting = decisions[head.id]
-    assert isinstance(waiting, Pending)
-    if (pending := _being_preempted(head, waiting, nodes, stopping)) is not None:
+    assert isinstance(waiting, Pending) and survey.nodes is not None
+    if (pending := _being_preempted(head, waiting, survey.nodes, stopping)) is not None:
         decisions[head.id] = pending
-    return QueueSurvey(jobs, decisions, next_due, nodes, head, stopping, live.machines)
+    return survey
 
 
 @dataclass(frozen=True)
@@ -578,15 +592,17 @@ def live_nodes(session: Session) -> LiveNodes:
     return memoized(session, "live_nodes", (Node,), lambda: _live_nodes(session))
 
 
-def free_capacity(session: Session, live: LiveNodes | None = None) -> list[NodeCapacity]:
-    """Every live node (of ``live``, if given), with the slots its active
-    parts leave free, in the same order."""
-    busy = queries.active_part_counts(session=session)
+def free_capacity(session: Session) -> list[NodeCapacity]:
+    """Every live node, with the slots its active parts leave free."""
+    return _less_used(live_nodes(session), queries.active_part_counts(session=session))
+
+
+def _less_used(live: LiveNodes, used: dict[int, int]) -> list[NodeCapacity]:
     return [
-        replace(node, free_slots=node.free_slots - busy[node.node_id])
-        if node.node_id in busy
+        replace(node, free_slots=node.free_slots - used[node.node_id])
+        if node.node_id in used
         else node
-        for node in (live or live_nodes(session)).nodes
+        for node in live.nodes
     ]
 
 

@@ -244,3 +244,36 @@ def test_plans_sharing_which_nodes_suit_decide_as_plans_that_find_them_anew() ->
             decided = plan(queue, nodes, suits)
             assert decided == _plan_node_by_node(queue, nodes), (trial, turn, queue, nodes)
         assert suits.kinds, "the plans kept which nodes suit the kinds they placed"
+
+
+def test_plans_given_the_slots_in_use_apart_decide_as_plans_given_them_taken_off() -> None:
+    """The server plans on its memo of the live nodes, all their slots free,
+    and the slots its active parts use (keeping the order each kind's nodes
+    are taken in with the memo, for every plan until a node changes): the
+    same decisions as place_gang node by node on the nodes with those slots
+    taken off, for nodes of several sizes, slots in use beyond a node's,
+    and nodes in use that are not live."""
+    rng = random.Random(13)
+    for trial in range(150):
+        fleet = [
+            mixed_node(
+                i * 3 % 37,
+                free=rng.randint(0, 3),
+                pick=rng.randrange(4),
+                sha=rng.choice([SHA_A, SHA_B]),
+                gpus=rng.choice([0, 2]),
+                version=rng.choice(["1", "2"]),
+            )
+            for i in range(1, rng.randint(1, 12) + 1)
+        ]
+        suits = Suits()
+        for turn in range(5):
+            used = {n.node_id: rng.randint(0, 4) for n in fleet if rng.random() < 0.5} | {99: 1}
+            taken_off = [
+                replace(n, free_slots=n.free_slots - used.get(n.node_id, 0)) for n in fleet
+            ]
+            queue = [(j, rng.choice(KINDS)) for j in range(rng.randint(1, 10))]
+            decided = plan(queue, fleet, suits, used)
+            expected = _plan_node_by_node(queue, taken_off)
+            assert decided == expected, (trial, turn, queue, taken_off)
+        assert not suits.kinds or suits.orders, "the plans kept the order they take nodes in"
