@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import replace
 
 from api.scheduling import (
@@ -219,6 +220,21 @@ def test_plan_decides_what_place_gang_node_by_node_decides_over_queues_and_node_
         assert plan(queue, nodes) == _plan_node_by_node(queue, nodes), (trial, queue, nodes)
 
 
+def mixed_fleet(rng: random.Random, slots: Callable[[], int]) -> list[NodeCapacity]:
+    """1-12 nodes of every mix, ids not in the nodes' order, ``slots()`` free each."""
+    return [
+        mixed_node(
+            i * 3 % 37,
+            free=slots(),
+            pick=rng.randrange(4),
+            sha=rng.choice([SHA_A, SHA_B]),
+            gpus=rng.choice([0, 2]),
+            version=rng.choice(["1", "2"]),
+        )
+        for i in range(1, rng.randint(1, 12) + 1)
+    ]
+
+
 def test_plans_sharing_which_nodes_suit_decide_as_plans_that_find_them_anew() -> None:
     """The server keeps which nodes suit each kind of job with its memo of
     the live nodes, for every plan until a node changes: plans on those
@@ -226,17 +242,7 @@ def test_plans_sharing_which_nodes_suit_decide_as_plans_that_find_them_anew() ->
     place_gang node by node decides."""
     rng = random.Random(11)
     for trial in range(100):
-        fleet = [
-            mixed_node(
-                i * 3 % 37,
-                free=1,
-                pick=rng.randrange(4),
-                sha=rng.choice([SHA_A, SHA_B]),
-                gpus=rng.choice([0, 2]),
-                version=rng.choice(["1", "2"]),
-            )
-            for i in range(1, rng.randint(1, 12) + 1)
-        ]
+        fleet = mixed_fleet(rng, lambda: 1)
         suits = Suits()
         for turn in range(5):
             nodes = [replace(n, free_slots=rng.randint(-1, 3)) for n in fleet]
@@ -255,17 +261,7 @@ def test_plans_given_the_slots_in_use_apart_decide_as_plans_given_them_taken_off
     and nodes in use that are not live."""
     rng = random.Random(13)
     for trial in range(150):
-        fleet = [
-            mixed_node(
-                i * 3 % 37,
-                free=rng.randint(0, 3),
-                pick=rng.randrange(4),
-                sha=rng.choice([SHA_A, SHA_B]),
-                gpus=rng.choice([0, 2]),
-                version=rng.choice(["1", "2"]),
-            )
-            for i in range(1, rng.randint(1, 12) + 1)
-        ]
+        fleet = mixed_fleet(rng, lambda: rng.randint(0, 3))
         suits = Suits()
         for turn in range(5):
             used = {n.node_id: rng.randint(0, 4) for n in fleet if rng.random() < 0.5} | {99: 1}
