@@ -95,7 +95,7 @@ class NodeLane:
         if (
             path_id > DB_INT_MAX
             or request is None
-            or (own is not None and own != _acting_for(path_id, request))
+            or (own is not None and own != (path_id if hit[1] else request.node_id))
         ):
             await self.app(scope, _replaying(body, ended, receive), send)
             return
@@ -141,14 +141,6 @@ class NodeLane:
     def _observe(self, route: route_table.Route, status: int, started: float) -> None:
         """As api/monitoring.py's LatencyMiddleware times the routes' answers."""
         self.latency.labels("POST", route.path, str(status)).observe(time.perf_counter() - started)
-
-
-def _acting_for(path_id: int, request: BaseModel) -> int:
-    """The node a request acts for: the path's for a node's own routes, the
-    body's for a part's reports."""
-    if isinstance(request, (PartStarted, PartFinished)):
-        return request.node_id
-    return path_id
 
 
 def _json_or_unsaid(scope: Scope) -> bool:
