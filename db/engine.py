@@ -182,7 +182,12 @@ class Database:
             asked = time.perf_counter()
             with self._one_writer if exclusive else nullcontext():
                 with session.begin():
-                    if not self.is_sqlite and exclusive:
+                    if self.is_sqlite:
+                        # BEGIN IMMEDIATE now rather than at the first
+                        # statement: what follows runs holding the lock
+                        # (a grouped write takes its group then, GroupedWrites).
+                        session.connection()
+                    elif exclusive:
                         # One writer at a time, across every server on the
                         # database, as SQLite's BEGIN IMMEDIATE: a claim's read
                         # and its write cannot be overtaken between them.

@@ -196,9 +196,15 @@ class GroupedWrites:
     the next transaction (a group commit): under a burst of submits and
     node reports, one transaction (one turn of the write lock, one commit,
     one plan of the queue) serves dozens of callers rather than one each.
-    Whoever finds no group being written writes the next one (the oldest
-    :data:`GROUP_MOST` waiting, in the order they came), in its own
-    thread, until its own has been written; the others wait for it."""
+    Whoever finds no group being written writes the next one, in its own
+    thread, until its own has been written; the others wait for it.
+
+    The writer takes its group (the oldest :data:`GROUP_MOST` waiting, in
+    the order they came) only once it holds the database's write lock
+    (``take``, below): with several servers on one database, the writes
+    that arrive while another server's transaction holds the lock join this
+    one's, where a group taken before waiting for the lock would leave them
+    for the turn after."""
 
     def __init__(self, most: int = GROUP_MOST) -> None:
         self.most = most
@@ -212,11 +218,15 @@ class GroupedWrites:
         with self._changed:
             return len(self._waiting)
 
-    def run(self, grouped: Grouped[Any], write: Callable[[list[Grouped[Any]]], None]) -> None:
-        """Returns once ``grouped`` is done: ``write`` (which sets each one's
-        value or error) has taken it in a group, in this thread or another.
-        If ``write`` raises, every one in its group without an error of its
-        own ends with that one."""
+    def run(
+        self, grouped: Grouped[Any], write: Callable[[Callable[[], list[Grouped[Any]]]], None]
+    ) -> None:
+        """Returns once ``grouped`` is done: ``write`` has taken it in a
+        group, in this thread or another. ``write`` is given ``take``, which
+        returns its group (taken from those waiting at its first call, the
+        same list after), and sets each one's value or error. If ``write``
+        raises, every one in its group without an error of its own ends with
+        that one (the group taken then if ``write`` had not)."""
         with self._changed:
             self._waiting.append(grouped)
         while True:
@@ -226,14 +236,23 @@ class GroupedWrites:
                 if grouped.done:
                     return
                 self._writing = True
-                group = [self._waiting.popleft() for _ in range(min(self.most, len(self._waiting)))]
+            taken: list[Grouped[Any]] = []
+
+            def take() -> list[Grouped[Any]]:
+                if not taken:
+                    with self._changed:
+                        most = min(self.most, len(self._waiting))
+                        taken.extend(self._waiting.popleft() for _ in range(most))
+                return taken
+
             try:
-                write(group)
+                write(take)
             except Exception as exc:  # every one in the group fails with it
-                for one in group:
+                for one in take():
                     if one.error is None:
                         one.error = exc
             finally:
+                group = take()
                 with self._changed:
                     for one in group:
                         one.done = True

@@ -318,7 +318,7 @@ def write_grouped(
     started. With ``together``, it may be made by that with the group's
     other writes of its kind (Grouped)."""
     grouped = Grouped(work, together, asked)
-    core.writes.run(grouped, lambda group: _write_group(core, group))
+    core.writes.run(grouped, lambda take: _write_group(core, take))
     if grouped.error is not None:
         raise grouped.error
     return cast(T, grouped.value)
@@ -343,8 +343,9 @@ def write_together(
     return write_grouped(core, alone, together, asked)
 
 
-def _write_group(core: Core, group: list[Grouped[Any]]) -> None:
-    """One transaction for the whole group. A write that raises (a refusal:
+def _write_group(core: Core, take: Callable[[], list[Grouped[Any]]]) -> None:
+    """One transaction for the whole group, taken (``take``) once the
+    transaction holds the write lock (GroupedWrites). A write that raises (a refusal:
     a full queue, another node's part) has its error and leaves nothing,
     and the others stand. Most refuse before they write anything, so the
     writes run one after another without a savepoint each (two round trips
@@ -360,7 +361,7 @@ def _write_group(core: Core, group: list[Grouped[Any]]) -> None:
     savepoints, planning = False, True
     while True:
         try:
-            _write(core, group, savepoints=savepoints, planning=planning)
+            _write(core, take, savepoints=savepoints, planning=planning)
             return
         except _WroteThenRaised:
             savepoints = True
@@ -370,7 +371,7 @@ def _write_group(core: Core, group: list[Grouped[Any]]) -> None:
                 exc_info=failed.__cause__,
             )
             planning = False
-        for grouped in group:
+        for grouped in take():
             grouped.value, grouped.error = None, None
 
 
@@ -385,8 +386,11 @@ class _PlanFailed(Exception):
     savepoint (and a failed statement ends a PostgreSQL transaction)."""
 
 
-def _write(core: Core, group: list[Grouped[Any]], *, savepoints: bool, planning: bool) -> None:
+def _write(
+    core: Core, take: Callable[[], list[Grouped[Any]]], *, savepoints: bool, planning: bool
+) -> None:
     with core.db.write() as session:
+        group = take()  # now that the lock is held: see GroupedWrites
         alone = group if savepoints else _write_kinds_together(session, group)
         for grouped in alone:
             try:

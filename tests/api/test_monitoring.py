@@ -92,9 +92,12 @@ def test_the_write_locks_use_is_counted_its_holds_and_the_waits_behind_them(
     submits = [threading.Thread(target=lambda: client.post("/jobs", json={})) for _ in range(2)]
     for submit in submits:
         submit.start()
-    # One submit writes the next group (blocked behind the holder), the
-    # other waits for it.
-    wait_for(lambda: core.writes.waiting == 1, what="a submit waiting behind the holder")
+    # One submit writes the next group (blocked behind the holder, taking
+    # its group once it holds the lock), the other waits for it.
+    wait_for(
+        lambda: core.writes._writing and core.writes.waiting == 2,
+        what="the submits waiting behind the holder",
+    )
     blocked = time.perf_counter()
     # Held for a known span more, not to synchronise: the figures must
     # count at least that long a hold, and as long a wait behind it.

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
@@ -21,6 +21,7 @@ from api.core.errors import Conflict, Forbidden, TooMany
 from api.core.people import Actor
 from api.views import read_job
 from db import queries
+from db.engine import Database
 from ddpo.lifecycle import JobStatus
 from ddpo.schemas import JobSpec, NodeRegistration, Topology, TrainResult
 from ddpo.schemas.people import AuditAction
@@ -51,9 +52,9 @@ def test_writes_arriving_during_a_group_are_written_together_in_the_next() -> No
     groups: list[list[int]] = []
     first_began, release = threading.Event(), threading.Event()
 
-    def write(group: list[Grouped[Any]]) -> None:
+    def write(take: Callable[[], list[Grouped[Any]]]) -> None:
         groups.append([])
-        for one in group:
+        for one in take():
             one.value = one.work(None)  # type: ignore[arg-type]
             groups[-1].append(one.value)
         if not first_began.is_set():
@@ -85,7 +86,8 @@ def test_a_group_takes_at_most_its_size_and_every_write_is_made_in_order() -> No
     block = threading.Lock()
     block.acquire()
 
-    def write(group: list[Grouped[Any]]) -> None:
+    def write(take: Callable[[], list[Grouped[Any]]]) -> None:
+        group = take()
         with block if not groups else contextlib.nullcontext():
             groups.append([one.work(None) for one in group])  # type: ignore[arg-type]
 
@@ -105,15 +107,15 @@ def test_a_group_takes_at_most_its_size_and_every_write_is_made_in_order() -> No
 def test_a_group_that_fails_fails_each_of_its_writes_and_the_next_is_written() -> None:
     writes = GroupedWrites()
 
-    def broken(group: list[Grouped[Any]]) -> None:
-        raise RuntimeError("database gone")
+    def broken(take: Callable[[], list[Grouped[Any]]]) -> None:
+        raise RuntimeError("database gone")  # before it took its group
 
     grouped: Grouped[int] = Grouped(lambda _s: 1)
     writes.run(grouped, broken)
     assert grouped.done and isinstance(grouped.error, RuntimeError)
 
-    def fine(group: list[Grouped[Any]]) -> None:
-        for one in group:
+    def fine(take: Callable[[], list[Grouped[Any]]]) -> None:
+        for one in take():
             one.value = 2
 
     again: Grouped[int] = Grouped(lambda _s: 2)
@@ -133,9 +135,11 @@ def watch_savepoints(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     written: list[bool] = []
     write = placement._write
 
-    def watched(core: Core, group: list[Grouped[Any]], *, savepoints: bool, planning: bool) -> None:
+    def watched(
+        core: Core, take: Callable[[], list[Grouped[Any]]], *, savepoints: bool, planning: bool
+    ) -> None:
         written.append(savepoints)
-        write(core, group, savepoints=savepoints, planning=planning)
+        write(core, take, savepoints=savepoints, planning=planning)
 
     monkeypatch.setattr(placement, "_write", watched)
     return written
@@ -192,9 +196,9 @@ def test_a_refused_write_in_a_group_leaves_nothing_and_the_others_written_in_one
     transactions: list[int] = []
     write_group = placement._write_group
 
-    def counted(core: Core, group: list[Grouped[Any]]) -> None:
-        transactions.append(len(group))
-        write_group(core, group)
+    def counted(core: Core, take: Callable[[], list[Grouped[Any]]]) -> None:
+        write_group(core, take)
+        transactions.append(len(take()))
 
     monkeypatch.setattr(placement, "_write_group", counted)
     written = watch_savepoints(monkeypatch)
@@ -238,6 +242,53 @@ def test_a_refused_write_in_a_group_leaves_nothing_and_the_others_written_in_one
     # with a savepoint each.
     assert transactions == [1, 4]
     assert written == [False, False, True]
+
+
+def test_writes_arriving_while_the_writer_waits_for_another_servers_transaction_join_its_group(
+    core: Core, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two servers on one database: while the other holds the write lock,
+    a submit here waits for it as this server's writer, and the submits
+    arriving meanwhile are written in the same transaction, not the next."""
+    other = Database(core.db.url)  # another server on the same database
+    groups: list[int] = []
+    write_group = placement._write_group
+
+    def counted(core: Core, take: Callable[[], list[Grouped[Any]]]) -> None:
+        write_group(core, take)
+        groups.append(len(take()))
+
+    monkeypatch.setattr(placement, "_write_group", counted)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with other.write() as session:
+            session.execute(text("SELECT 1"))  # SQLite's BEGIN IMMEDIATE is sent with it
+            held.set()
+            assert release.wait(10)
+
+    try:
+        holder, _ = _in_threads([hold])
+        assert held.wait(10)
+        first, outcomes = _in_threads([lambda: jobs.submit_job(core, JobSpec(name="a"), ALICE)])
+        wait_for(lambda: core.writes._writing, what="this server's writer waiting for the lock")
+        more, later = _in_threads(
+            [lambda n=n: jobs.submit_job(core, JobSpec(name=n), ALICE) for n in ("b", "c")]
+        )
+        # None taken yet: the writer takes its group once it holds the lock.
+        wait_for(lambda: core.writes.waiting == 3, what="three submits waiting")
+        release.set()
+        for thread in [*holder, *first, *more]:
+            thread.join(10)
+    finally:
+        release.set()
+        other.dispose()
+
+    assert groups == [3]
+    assert all(new for _, new in [outcomes[0], later[0], later[1]])
+    with core.db.read() as session:
+        listed = queries.list_jobs(session=session, status=None, limit=10, offset=0)[0]
+    assert sorted(job.name for job in listed) == ["a", "b", "c"]
 
 
 def test_writes_refused_before_they_write_leave_the_group_one_transaction_without_savepoints(
