@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Engine, bindparam, event, inspect, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import ORMExecuteState
 from sqlmodel import Session, create_engine
 
@@ -40,6 +41,15 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 # PostgreSQL: the advisory lock every write transaction takes first, the
 # same one for every server on the database (see Database.write).
 WRITE_LOCK_KEY = 0x6464706F  # "ddpo"
+
+
+# PostgreSQL's SQLSTATE for a lock not taken within lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
+
+
+class RowsBusy(Exception):
+    """A write given ``row_wait_s`` (Database.write) found a row held by
+    another transaction for longer, and wrote nothing."""
 
 
 class WriteLockTimes:
@@ -166,15 +176,34 @@ class Database:
             yield session
 
     @contextmanager
-    def write(self, *, exclusive: bool = True) -> Iterator[Session]:
+    def write(
+        self, *, exclusive: bool = True, row_wait_s: float | None = None
+    ) -> Iterator[Session]:
         """A transaction that commits on success and rolls back on error.
 
         ``exclusive=False``, on PostgreSQL: without the write lock, beside
         the one writer that holds it, for a write that locks the rows it
         changes itself (``SELECT ... FOR UPDATE``) and decides nothing from
         rows that may move meanwhile: a node's report on its own part. On
-        SQLite every write is exclusive (it has one writer)."""
+        SQLite every write is exclusive (it has one writer).
+
+        ``row_wait_s``, on PostgreSQL: a row another transaction holds is
+        waited for at most this long, then :class:`RowsBusy` is raised
+        (nothing written). For a write beside the writer that must never
+        hold it up: were the writer to wait on one of its rows while it
+        waits on one of the writer's, it gives up well before PostgreSQL's
+        deadlock check (a second) would pick either to fail."""
         exclusive = exclusive or self.is_sqlite
+        try:
+            with self._transaction(exclusive, row_wait_s) as session:
+                yield session
+        except OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+                raise RowsBusy(str(exc.orig)) from exc
+            raise
+
+    @contextmanager
+    def _transaction(self, exclusive: bool, row_wait_s: float | None) -> Iterator[Session]:
         with Session(self._write_engine, expire_on_commit=False) as session:
             rows, nodes = _noting_writes(session)
             session.info[_DATABASE] = self
@@ -182,18 +211,7 @@ class Database:
             asked = time.perf_counter()
             with self._one_writer if exclusive else nullcontext():
                 with session.begin():
-                    if self.is_sqlite:
-                        # BEGIN IMMEDIATE now rather than at the first
-                        # statement: what follows runs holding the lock
-                        # (a grouped write takes its group then, GroupedWrites).
-                        session.connection()
-                    elif exclusive:
-                        # One writer at a time, across every server on the
-                        # database, as SQLite's BEGIN IMMEDIATE: a claim's read
-                        # and its write cannot be overtaken between them.
-                        session.execute(
-                            text("SELECT pg_advisory_xact_lock(:key)"), {"key": WRITE_LOCK_KEY}
-                        )
+                    self._begin(session, exclusive, row_wait_s)
                     taken = time.perf_counter()
                     yield session
                     if not self.is_sqlite:
@@ -213,6 +231,23 @@ class Database:
         if rows:
             for callback in self._after_commit:
                 callback(rows)
+
+    def _begin(self, session: Session, exclusive: bool, row_wait_s: float | None) -> None:
+        """A write transaction's first statements: its locks, its limits."""
+        if self.is_sqlite:
+            # BEGIN IMMEDIATE now rather than at the first statement: what
+            # follows runs holding the lock (a grouped write takes its group
+            # then, GroupedWrites).
+            session.connection()
+            return
+        if exclusive:
+            # One writer at a time, across every server on the database, as
+            # SQLite's BEGIN IMMEDIATE: a claim's read and its write cannot be
+            # overtaken between them.
+            session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": WRITE_LOCK_KEY})
+        if row_wait_s is not None:
+            milliseconds = max(1, round(row_wait_s * 1000))
+            session.execute(text(f"SET LOCAL lock_timeout = {milliseconds}"))
 
     def _announce(self, session: Session, rows: list[object], nodes: list[models.Node]) -> None:
         change = Change(

@@ -236,15 +236,7 @@ class GroupedWrites:
                 if grouped.done:
                     return
                 self._writing = True
-            taken: list[Grouped[Any]] = []
-
-            def take() -> list[Grouped[Any]]:
-                if not taken:
-                    with self._changed:
-                        most = min(self.most, len(self._waiting))
-                        taken.extend(self._waiting.popleft() for _ in range(most))
-                return taken
-
+            take = self._taker()
             try:
                 write(take)
             except Exception as exc:  # every one in the group fails with it
@@ -258,6 +250,20 @@ class GroupedWrites:
                         one.done = True
                     self._writing = False
                     self._changed.notify_all()
+
+    def _taker(self) -> Callable[[], list[Grouped[Any]]]:
+        """A writer's ``take``: the oldest writes waiting, taken at its first
+        call, the same list at every call after."""
+        taken: list[Grouped[Any]] = []
+
+        def take() -> list[Grouped[Any]]:
+            if not taken:
+                with self._changed:
+                    most = min(self.most, len(self._waiting))
+                    taken.extend(self._waiting.popleft() for _ in range(most))
+            return taken
+
+        return take
 
 
 @dataclass

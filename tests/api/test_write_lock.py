@@ -1,17 +1,24 @@
-"""PostgreSQL: a node's "started" report is written beside the one writer
-(db/engine.py, ``Database.write(exclusive=False)``): it is not held up by
-a long write on any server, and a cancel that comes meanwhile still stops
-the part. (SQLite has one writer: every write waits its turn there.)"""
+"""PostgreSQL: a node's "started" report and the nodes' heartbeat times are
+written beside the one writer (db/engine.py, ``Database.write(exclusive=False)``):
+they are not held up by a long write on any server, a cancel that comes
+meanwhile still stops the part, and a node's row held by a write leaves its
+heartbeat time for the next turn rather than keeping anyone waiting. (SQLite
+has one writer: every write waits its turn there.)"""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
 
 import httpx
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
+from api.core.clock import SIGHTINGS_ROW_WAIT_S, write_sightings
 from db.engine import WRITE_LOCK_KEY
 from tests.api.conftest import ProtocolNode, ThreadedServer, wait_for
 from tests.api.test_jobs_api import submit
@@ -53,3 +60,58 @@ def test_a_started_report_is_not_held_up_by_a_long_write_and_a_cancel_meanwhile_
         lambda: client.get(f"/jobs/{job['id']}").json()["status"] == "cancelled",
         what="the job to end cancelled",
     )
+
+
+@contextmanager
+def another_connection(server: ThreadedServer) -> Iterator[psycopg.Connection]:
+    """A connection of its own to the server's database, as another server's."""
+    url = make_url(server.settings.database_url).set(drivername="postgresql")
+    with psycopg.connect(url.render_as_string(hide_password=False), autocommit=True) as other:
+        yield other
+
+
+def heartbeat_at(other: psycopg.Connection, node_id: int) -> datetime:
+    row = other.execute("SELECT last_heartbeat_at FROM node WHERE id = %s", (node_id,)).fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+def test_the_nodes_heard_reach_the_database_while_another_server_holds_the_write_lock(
+    client: httpx.Client, server: ThreadedServer
+) -> None:
+    node = ProtocolNode(client, "n1")
+    with another_connection(server) as other:
+        other.execute("SELECT pg_advisory_lock(%s)", (WRITE_LOCK_KEY,))
+        before = heartbeat_at(other, node.node_id)
+        node.poll()  # heard: written at the server's next sweep interval
+        wait_for(
+            lambda: heartbeat_at(other, node.node_id) > before,
+            what="the node's heartbeat time written while the write lock is held",
+        )
+        other.execute("SELECT pg_advisory_unlock(%s)", (WRITE_LOCK_KEY,))
+
+
+def test_a_nodes_row_held_by_a_write_leaves_its_heartbeat_time_for_the_next_turn(
+    client: httpx.Client, server: ThreadedServer
+) -> None:
+    node = ProtocolNode(client, "n1")
+    core = server.app_core()
+    with another_connection(server) as other:
+        with other.transaction():
+            # A write holding the node's row (its state changing, say).
+            other.execute("SELECT id FROM node WHERE id = %s FOR UPDATE", (node.node_id,))
+            before = heartbeat_at(other, node.node_id)  # no other write can move it now
+            node.poll()
+            for _ in range(3):  # this test's turns, beside the server's own
+                began = time.perf_counter()
+                write_sightings(core)
+                # Gave up on the row rather than waiting for it (a second's
+                # margin for a loaded machine: waiting would be for ever).
+                assert time.perf_counter() - began < SIGHTINGS_ROW_WAIT_S + 1.0
+            assert heartbeat_at(other, node.node_id) == before
+        # The write ended: the sighting kept for a later turn is written,
+        # with no request from the node since.
+        wait_for(
+            lambda: heartbeat_at(other, node.node_id) > before,
+            what="the node's heartbeat time written once its row was let go",
+        )

@@ -168,6 +168,25 @@ def a_silent_node_is_lost_and_its_job_restarts_on_another(core: Core) -> None:
     assert status(core, job_id) is JobStatus.SUCCEEDED
 
 
+def test_a_sweep_that_finds_every_node_heard_takes_no_write_lock(tmp_path: Path) -> None:
+    """The lock is everyone's: a turn of the sweep that loses no node must
+    not hold it (with thousands of nodes the search is not short)."""
+    with a_core(tmp_path, LOST_TIMEOUT_S) as core:
+        a = join(core, "a")
+        deadline = time.monotonic() + 10
+        while core.sightings.listening_for() <= LOST_TIMEOUT_S:  # judging from now on
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        # Its heartbeat time in the database is stale (sightings are written
+        # once an interval), but this server has just heard from it.
+        core.sightings.saw(a)
+        transactions = core.db.write_lock.totals()[0]
+        assert not clock.sweep_lost_nodes(core)
+        assert core.db.write_lock.totals()[0] == transactions
+        with core.db.read() as session:
+            assert queries.get_node(session=session, node_id=a).state is NodeState.LIVE  # type: ignore[union-attr]
+
+
 def test_a_crash_of_the_training_code_is_not_retried(core: Core) -> None:
     job_id, _ = jobs.submit_job(core, JobSpec(max_restarts=3), NOBODY)
     node_id = join(core, "a")
