@@ -145,6 +145,19 @@ def watch_savepoints(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return written
 
 
+def count_groups(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """For each group written, once written: how many writes it held."""
+    sizes: list[int] = []
+    write_group = placement._write_group
+
+    def counted(core: Core, take: Callable[[], list[Grouped[Any]]]) -> None:
+        write_group(core, take)
+        sizes.append(len(take()))
+
+    monkeypatch.setattr(placement, "_write_group", counted)
+    return sizes
+
+
 def hold_the_writer(core: Core) -> tuple[list[threading.Thread], threading.Event]:
     """A write that holds the writer until the event returned is set: the
     writes that arrive meanwhile wait for the next group."""
@@ -193,14 +206,7 @@ def test_a_refused_write_in_a_group_leaves_nothing_and_the_others_written_in_one
 ) -> None:
     join(core, "n0")
     kept, _ = jobs.submit_job(core, JobSpec(name="kept"), ALICE, idempotency_key="k")
-    transactions: list[int] = []
-    write_group = placement._write_group
-
-    def counted(core: Core, take: Callable[[], list[Grouped[Any]]]) -> None:
-        write_group(core, take)
-        transactions.append(len(take()))
-
-    monkeypatch.setattr(placement, "_write_group", counted)
+    transactions = count_groups(monkeypatch)
     written = watch_savepoints(monkeypatch)
 
     def half_written(session: Session) -> tuple[None, bool]:
@@ -251,14 +257,7 @@ def test_writes_arriving_while_the_writer_waits_for_another_servers_transaction_
     a submit here waits for it as this server's writer, and the submits
     arriving meanwhile are written in the same transaction, not the next."""
     other = Database(core.db.url)  # another server on the same database
-    groups: list[int] = []
-    write_group = placement._write_group
-
-    def counted(core: Core, take: Callable[[], list[Grouped[Any]]]) -> None:
-        write_group(core, take)
-        groups.append(len(take()))
-
-    monkeypatch.setattr(placement, "_write_group", counted)
+    groups = count_groups(monkeypatch)
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
