@@ -345,8 +345,8 @@ def write_together(
 
 def _write_group(core: Core, take: Callable[[], list[Grouped[Any]]]) -> None:
     """One transaction for the whole group, taken (``take``) once the
-    transaction holds the write lock (GroupedWrites). A write that raises (a refusal:
-    a full queue, another node's part) has its error and leaves nothing,
+    transaction holds the write lock (GroupedWrites). A write that raises
+    (a refusal: a full queue, another node's part) has its error and leaves nothing,
     and the others stand. Most refuse before they write anything, so the
     writes run one after another without a savepoint each (two round trips
     a write, a fifth of a placed job's statements); one that raises having

@@ -33,6 +33,7 @@ from ddpo.schemas import (
     Topology,
     TrainResult,
 )
+from tests.api.conftest import wait_for
 from tests.databases import fresh_database_url
 
 HEARTBEAT_TIMEOUT_S = 0.3
@@ -173,10 +174,10 @@ def test_a_sweep_that_finds_every_node_heard_takes_no_write_lock(tmp_path: Path)
     not hold it (with thousands of nodes the search is not short)."""
     with a_core(tmp_path, LOST_TIMEOUT_S) as core:
         a = join(core, "a")
-        deadline = time.monotonic() + 10
-        while core.sightings.listening_for() <= LOST_TIMEOUT_S:  # judging from now on
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_for(
+            lambda: core.sightings.listening_for() > LOST_TIMEOUT_S,
+            what="the server judging silence",
+        )
         # Its heartbeat time in the database is stale (sightings are written
         # once an interval), but this server has just heard from it.
         core.sightings.saw(a)
