@@ -1,4 +1,4 @@
-"""The built-in model's max-pool and ReLU as one AVX-512 kernel
+"""The built-in model's max-pool and ReLU as one AVX-512 or AVX2 kernel
 (``fused_pool.cpp``): ``performance.fused_pool``.
 
 aten's channels-last max-pool keeps int64 indices, and its backward
@@ -16,9 +16,11 @@ It is compiled on the node, once per kernel source and torch version, by
 ``python -m worker.fused_pool DIR`` (torch's cpp_extension: a C++ compiler
 and ninja, about 20 s of one core), which the worker starts in the
 background, idle-priority, when it first runs on a machine. Until it is
-there, on CPUs without AVX-512 and for anything but the built-in model's
+there, on CPUs without AVX2 and for anything but the built-in model's
 float32 and bfloat16 channels-last shapes, ranks run aten's max-pool and
-ReLU.
+ReLU. The same source builds 16 lanes wide where the CPU has AVX-512 and 8
+wide where it has AVX2 only (most AMD EPYC before Zen 4, Intel before
+Skylake-SP): the same values either way.
 """
 
 from __future__ import annotations
@@ -49,38 +51,62 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("fused_pool.cpp")
-# The CPU features the kernel's instructions need (Linux's /proc/cpuinfo names).
-NEEDS = ("avx512f", "avx512bw", "avx512vl")
+# The kernel's builds, the widest first: the CPU features each one's
+# instructions need (Linux's /proc/cpuinfo names), and the compiler's flags.
+BUILDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "AVX-512": (("avx512f", "avx512bw", "avx512vl"), ("-mavx512f", "-mavx512bw", "-mavx512vl")),
+    "AVX2": (("avx2",), ("-mavx2",)),
+}
+LACKS = "this CPU lacks AVX-512 (avx512f, avx512bw, avx512vl) and AVX2"
 
 _loaded: ModuleType | None = None
 # Why this process runs aten's ops instead (None: the kernel is loaded).
 _why_not: str | None = "not loaded"
+# The loaded kernel's build ("AVX-512" or "AVX2").
+_loaded_isa: str | None = None
 
 
 @functools.cache
-def module_name() -> str:
-    """Named after the source and torch's version: a change to either is a
-    new build, never a stale library loaded."""
+def module_name(isa: str | None = None) -> str:
+    """Named after the source, the build and torch's version: a change to
+    any is a new library, never a stale one loaded (nor one built for
+    another CPU's instructions, in a directory machines share)."""
+    isa = isa or cpu_isa()
     torch_version = importlib.metadata.version("torch")
-    digest = hashlib.sha256(SOURCE.read_bytes() + torch_version.encode()).hexdigest()
+    digest = hashlib.sha256(
+        SOURCE.read_bytes() + torch_version.encode() + f"{isa}".encode()
+    ).hexdigest()
     return f"ddpo_fused_pool_{digest[:16]}"
 
 
-def library(directory: Path) -> Path:
-    return directory / f"{module_name()}.so"
+def library(directory: Path, isa: str | None = None) -> Path:
+    return directory / f"{module_name(isa)}.so"
 
 
 @functools.cache
-def cpu_supports() -> bool:
+def cpu_flags() -> frozenset[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
+        return frozenset()
     for line in text.splitlines():
         if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            return all(flag in flags for flag in NEEDS)
-    return False
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def runs_here(isa: str) -> bool:
+    """Whether this CPU has the instructions of the build ``isa``."""
+    return all(flag in cpu_flags() for flag in BUILDS[isa][0])
+
+
+def cpu_isa() -> str | None:
+    """The widest build this CPU runs (None: none, aten's ops)."""
+    return next((isa for isa in BUILDS if runs_here(isa)), None)
+
+
+def cpu_supports() -> bool:
+    return cpu_isa() is not None
 
 
 def _tool_path() -> str:
@@ -99,19 +125,24 @@ def can_compile() -> bool:
     )
 
 
-def build(directory: Path) -> Path:
-    """Compile the kernel into ``directory`` (a no-op when it is there). One
-    build at a time per directory; the library appears whole (renamed into
-    place), so a rank never loads a half-written one. Raises where it
-    cannot (no compiler, no AVX-512)."""
+def build(directory: Path, isa: str | None = None) -> Path:
+    """Compile the kernel into ``directory`` (a no-op when it is there), for
+    ``isa`` (default: the widest this CPU runs). One build at a time per
+    directory; the library appears whole (renamed into place), so a rank
+    never loads a half-written one. Raises where it cannot (no compiler,
+    neither AVX-512 nor AVX2)."""
     import torch  # noqa: F401 (its OpenMP runtime loaded, for _torch_openmp)
     from torch.utils import cpp_extension
 
-    if not cpu_supports():
-        raise RuntimeError(f"this CPU lacks {', '.join(NEEDS)}")
-    target = library(directory)
+    isa = isa or cpu_isa()
+    if isa is None:
+        raise RuntimeError(LACKS)
+    if not runs_here(isa):
+        raise RuntimeError(f"this CPU lacks {', '.join(BUILDS[isa][0])}")
+    name = module_name(isa)
+    target = library(directory, isa)
     directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / f"{module_name()}.lock", "w") as lock:
+    with open(directory / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if target.exists():
             return target
@@ -119,17 +150,17 @@ def build(directory: Path) -> Path:
         os.environ["PATH"] = _tool_path()
         with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as work:
             cpp_extension.load(
-                module_name(),
+                name,
                 sources=[str(SOURCE)],
                 build_directory=work,
-                extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-fopenmp"],
+                extra_cflags=["-O3", *BUILDS[isa][1], "-fopenmp"],
                 # at::parallel_for on torch's own OpenMP runtime (the wheel's
                 # libgomp): a second runtime would start threads of its own to
                 # fight torch's for the cores (the step ran 1.37x slower).
                 extra_ldflags=[str(openmp), f"-Wl,-rpath,{openmp.parent}"],
                 verbose=False,
             )
-            built = Path(work) / f"{module_name()}.so"
+            built = Path(work) / f"{name}.so"
             staged = directory / f".{target.name}.{os.getpid()}"
             shutil.copyfile(built, staged)
             os.replace(staged, target)
@@ -149,43 +180,47 @@ def _torch_openmp() -> Path:
 def status() -> str:
     """A line for the part's log: which max-pool this process runs."""
     if _why_not is None:
-        return "max-pool and ReLU: the fused AVX-512 kernel (performance.fused_pool)"
+        return f"max-pool and ReLU: the fused {_loaded_isa} kernel (performance.fused_pool)"
     return f"max-pool and ReLU: aten's ({_why_not})"
 
 
-def load(directory: Path | None) -> str | None:
-    """Load the kernel built in ``directory`` for this process; None when it
-    is in use, else why aten's ops run instead (also kept for status())."""
+def load(directory: Path | None, isa: str | None = None) -> str | None:
+    """Load the kernel built in ``directory`` for this process (the build
+    ``isa``, default the widest this CPU runs); None when it is in use, else
+    why aten's ops run instead (also kept for status())."""
     global _why_not
-    _why_not = _load(directory)
+    _why_not = _load(directory, isa)
     return _why_not
 
 
 def disable(why: str) -> None:
-    global _loaded, _why_not
-    _loaded, _why_not = None, why
+    global _loaded, _loaded_isa, _why_not
+    _loaded, _loaded_isa, _why_not = None, None, why
 
 
-def _load(directory: Path | None) -> str | None:
-    global _loaded
+def _load(directory: Path | None, isa: str | None) -> str | None:
+    global _loaded, _loaded_isa
     if _loaded is not None:
         return None
     if directory is None:
         return "no extensions directory"
-    if not cpu_supports():
-        return f"this CPU lacks {', '.join(NEEDS)}"
-    path = library(directory)
+    isa = isa or cpu_isa()
+    if isa is None:
+        return LACKS
+    if not runs_here(isa):
+        return f"this CPU lacks {', '.join(BUILDS[isa][0])}"
+    path = library(directory, isa)
     if not path.exists():
         return f"not built in {directory} yet"
     try:
-        loader = importlib.machinery.ExtensionFileLoader(module_name(), str(path))
-        spec = importlib.util.spec_from_file_location(module_name(), path, loader=loader)
+        loader = importlib.machinery.ExtensionFileLoader(module_name(isa), str(path))
+        spec = importlib.util.spec_from_file_location(module_name(isa), path, loader=loader)
         assert spec is not None
         module = importlib.util.module_from_spec(spec)
         loader.exec_module(module)
     except Exception as exc:  # a library that will not load: aten's path, said why
         return f"{path} did not load: {exc}"
-    _loaded = module
+    _loaded, _loaded_isa = module, isa
     return None
 
 
@@ -303,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("directory", type=Path)
     parser.add_argument(
+        "--isa",
+        choices=list(BUILDS),
+        help="the build (default: the widest this CPU runs; AVX2 also runs on AVX-512 CPUs)",
+    )
+    parser.add_argument(
         "--idle", action="store_true", help="run at idle priority (how a worker starts it)"
     )
     parser.add_argument("--parent", type=int, help="exit when this process (the worker) does")
@@ -317,8 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.idle:
         _lower_priority()
     try:
-        path = build(args.directory)
-    except Exception as exc:  # no compiler, no AVX-512: jobs run aten's ops
+        path = build(args.directory, args.isa)
+    except Exception as exc:  # no compiler, no AVX2: jobs run aten's ops
         log.warning("fused max-pool kernel not built: %s", exc)
         return 1
     log.info("fused max-pool kernel at %s", path)

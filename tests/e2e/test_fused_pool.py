@@ -68,7 +68,7 @@ def test_a_worker_without_the_kernel_builds_it_and_runs_atens_ops_meanwhile(
 
 def test_a_worker_with_the_kernel_trains_with_it(tmp_path: Path, mnist_dir: Path) -> None:
     if not fused_pool.cpu_supports() or not fused_pool.can_compile():
-        pytest.skip("no AVX-512, compiler or ninja here: workers run aten's ops")
+        pytest.skip("neither AVX-512 nor AVX2, or no compiler or ninja here: workers run aten's ops")
     extensions = tmp_path / "extensions"
     subprocess.run(
         [sys.executable, "-m", "worker.fused_pool", str(extensions)], check=True, timeout=300
@@ -79,7 +79,7 @@ def test_a_worker_with_the_kernel_trains_with_it(tmp_path: Path, mnist_dir: Path
     ):
         jobs = Jobs(client)
         assert said(client, short_job(jobs)) == [
-            f"{STATUS} the fused AVX-512 kernel (performance.fused_pool)"
+            f"{STATUS} the fused {fused_pool.cpu_isa()} kernel (performance.fused_pool)"
         ]
         off = jobs.submit(max_steps_per_epoch=3, performance={"fused_pool": False})
         assert jobs.wait_done(off, timeout_s=120)["status"] == "succeeded"
