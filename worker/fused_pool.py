@@ -42,6 +42,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from worker import cpu_features
+
 if TYPE_CHECKING:
     import torch
 
@@ -83,21 +85,9 @@ def library(directory: Path, isa: str | None = None) -> Path:
     return directory / f"{module_name(isa)}.so"
 
 
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
-
-
 def runs_here(isa: str) -> bool:
     """Whether this CPU has the instructions of the build ``isa``."""
-    return all(flag in cpu_flags() for flag in BUILDS[isa][0])
+    return all(flag in cpu_features.flags() for flag in BUILDS[isa][0])
 
 
 def cpu_isa() -> str | None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ddpo.failures import FailureReason
 from ddpo.schemas.protocol import TrainerOffer
-from worker import fused_pool, rank_env, runfiles, shield, trainers
+from worker import cpu_features, fused_pool, rank_env, runfiles, shield, trainers
 from worker._process import die_with_parent, hide_files, keep_freed_memory
 from worker.local_allreduce import LocalGroup
 
@@ -131,6 +131,11 @@ def _no_thread_pool() -> Iterator[None]:
 
 def launch(config: runfiles.LaunchConfig) -> runfiles.Outcome:
     assignment = config.assignment
+    slow = cpu_features.slow_precision(
+        assignment.spec.performance.precision, assignment.spec.backend, cpu_features.flags()
+    )
+    if slow is not None:
+        print(slow, flush=True)
     if assignment.spec.script is not None:
         from worker import script_launch
 

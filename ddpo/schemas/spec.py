@@ -128,11 +128,11 @@ class Performance(Strict):
     )
     fused_pool: bool = Field(
         True,
-        description="The max-pool and the ReLU after it as one AVX-512 kernel the worker "
+        description="The max-pool and the ReLU after it as one AVX-512 (or AVX2) kernel the worker "
         "compiles once per machine (worker/fused_pool.py), with the first dropout and fc1's "
         "NCHW layout in the same pass: the same values and gradients, without aten's "
         "zero-filled input gradient and int64 indices or the layout copies. Where it is not "
-        "built yet, on CPUs without AVX-512 and on GPUs: aten's ops",
+        "built yet, on CPUs without AVX2 and on GPUs: aten's ops",
     )
     inplace_relu: bool = Field(
         True,

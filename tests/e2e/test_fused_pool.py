@@ -68,7 +68,9 @@ def test_a_worker_without_the_kernel_builds_it_and_runs_atens_ops_meanwhile(
 
 def test_a_worker_with_the_kernel_trains_with_it(tmp_path: Path, mnist_dir: Path) -> None:
     if not fused_pool.cpu_supports() or not fused_pool.can_compile():
-        pytest.skip("neither AVX-512 nor AVX2, or no compiler or ninja here: workers run aten's ops")
+        pytest.skip(
+            "neither AVX-512 nor AVX2, or no compiler or ninja here: workers run aten's ops"
+        )
     extensions = tmp_path / "extensions"
     subprocess.run(
         [sys.executable, "-m", "worker.fused_pool", str(extensions)], check=True, timeout=300

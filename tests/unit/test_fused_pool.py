@@ -22,7 +22,9 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module", params=list(fused_pool.BUILDS))
-def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+def built(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Path]:
     """Each build this CPU runs (an AVX-512 CPU runs the AVX2 one too), compiled
     once for the module as a worker compiles it."""
     isa: str = request.param
