@@ -19,10 +19,44 @@ import contextlib
 from db.changes import Wake
 
 
+class News:
+    """One node's next wake, set once (on the event loop): what a poll
+    waits on. Not an asyncio.Event, whose wait under asyncio.wait_for
+    costs every held poll a task of its own and, at its timeout, that
+    task's cancellation: with hundreds of polls a second held to their
+    timeout, several percent of an idle server's CPU (BENCHMARKS.md). A
+    wait here is one future and one timer."""
+
+    __slots__ = ("_set", "_waiters")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def is_set(self) -> bool:
+        return self._set
+
+    @property
+    def waiting(self) -> int:
+        """Polls waiting on it now."""
+        return len(self._waiters)
+
+    def set(self) -> None:
+        self._set = True
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            _settle(waiter)
+
+
+def _settle(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class Notifier:
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._events: dict[int, asyncio.Event] = {}
+        self._events: dict[int, News] = {}
         self._port_waiters: set[int] = set()
         # Wakes so far, per node and for everyone (see stamp).
         self._news: dict[int, int] = {}
@@ -31,7 +65,7 @@ class Notifier:
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
 
-    def current(self, node_id: int, waits_for_port: bool = False) -> asyncio.Event:
+    def current(self, node_id: int, waits_for_port: bool = False) -> News:
         """The event the next wake for this node sets (from the event loop).
         Take it *before* looking at the database, so a change made between
         the look and the wait is not missed."""
@@ -39,7 +73,7 @@ class Notifier:
             raise RuntimeError("Notifier.bind() was not called")
         event = self._events.get(node_id)
         if event is None:
-            event = self._events[node_id] = asyncio.Event()
+            event = self._events[node_id] = News()
         if waits_for_port:
             self._port_waiters.add(node_id)
         return event
@@ -78,8 +112,20 @@ class Notifier:
                 event.set()
 
     @staticmethod
-    async def wait(event: asyncio.Event, timeout: float) -> bool:
+    async def wait(news: News, timeout: float) -> bool:
         """Whether it was set within ``timeout``."""
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout)
-        return event.is_set()
+        if news.is_set():
+            return True
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        news._waiters.append(waiter)
+        timer = loop.call_later(timeout, _settle, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            # Timed out or cancelled (the node hung up): no longer waiting.
+            # (Set: set() has taken it already.)
+            with contextlib.suppress(ValueError):
+                news._waiters.remove(waiter)
+        return news.is_set()

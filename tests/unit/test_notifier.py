@@ -4,6 +4,7 @@ with thousands of idle nodes polling, one placement wakes one poll."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import threading
 
@@ -47,6 +48,30 @@ def test_a_change_that_may_have_been_missed_wakes_everyone_even_from_a_thread() 
         thread.join()
         assert all([await notifier.wait(e, 5.0) for e in events])
         assert not await notifier.wait(notifier.current(0), 0.01)
+
+    asyncio.run(check())
+
+
+def test_a_poll_that_ends_unwoken_leaves_nothing_waiting() -> None:
+    """A poll held to its timeout, or given up (the node hung up: its task
+    cancelled), stops waiting on its node's news; a wake after finds no
+    one to wake, and the next poll waits afresh."""
+
+    async def check() -> None:
+        notifier = Notifier()
+        notifier.bind(asyncio.get_running_loop())
+        news = notifier.current(7)
+        assert not await notifier.wait(news, 0.001)
+        assert news.waiting == 0
+        held = asyncio.ensure_future(notifier.wait(news, 60.0))
+        while news.waiting == 0:  # the poll's task has started waiting
+            await asyncio.sleep(0)
+        held.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await held
+        assert held.cancelled() and news.waiting == 0
+        notifier.wake(Wake(nodes=frozenset({7})))
+        assert news.is_set() and await notifier.wait(news, 60.0)
 
     asyncio.run(check())
 
