@@ -25,34 +25,8 @@ from ddpo.failures import FailureReason
 from ddpo.schemas.protocol import TrainerOffer
 from worker import cpu_features, fused_pool, rank_env, runfiles, shield, trainers
 from worker._process import die_with_parent, hide_files, keep_freed_memory
+from worker.causes import classify, tail
 from worker.local_allreduce import LocalGroup
-
-TRACEBACK_TAIL_CHARS = 4000
-
-# What a rank sees when another rank of the job died first: its failure is a
-# consequence, and the server keeps looking for the cause.
-PEER_FAILURE_SIGNS = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    # gloo's other words for a peer's socket going away mid-collective
-    # (libtorch_cpu's strings), and a write to it once it has.
-    "Socket closed",
-    "Socket unexpectedly closed",
-    "Broken pipe",
-    "NCCL communicator was aborted",
-)
-
-
-def classify(traceback_text: str) -> FailureReason:
-    if "RendezvousTimeout" in traceback_text:
-        return FailureReason.RENDEZVOUS_FAILED
-    if any(sign in traceback_text for sign in PEER_FAILURE_SIGNS):
-        return FailureReason.PEER_FAILURE
-    return FailureReason.RANK_FAILED
-
-
-def _tail(text: str) -> str:
-    return text[-TRACEBACK_TAIL_CHARS:].strip()
 
 
 def could_not(
@@ -64,7 +38,7 @@ def could_not(
         reason=reason,
         message=f"machine {machine_id} could not {step}: {exc}",
         exit_code=1,
-        traceback_tail=_tail(traceback.format_exc()),
+        traceback_tail=tail(traceback.format_exc()),
     )
 
 
@@ -212,7 +186,7 @@ def _run_ranks(config: runfiles.LaunchConfig, local_group: LocalGroup | None) ->
             message=f"rank {rank} (machine {assignment.machine_id}) {what}",
             failing_rank=rank,
             exit_code=1,
-            traceback_tail=_tail(text),
+            traceback_tail=tail(text),
         )
     except mp.ProcessExitedException as exc:
         rank = assignment.rank_of(exc.error_index)

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from ddpo.failures import FailureReason
 from ddpo.lifecycle import Named
 from ddpo.schemas import Assignment, PartFinished
-from worker import rank_env, runfiles
+from worker import causes, rank_env, runfiles
 from worker._process import group_alive, signal_group
 from worker.forkserver import ForkServer
 from worker.outbox import Outbox
@@ -283,7 +283,10 @@ class PartProcess:
         result = runfiles.read_result(self.run_dir)
         # An outcome on disk was written before any stop signal landed (the
         # signal kills the launcher before it could write one): report it, so
-        # a root cause is not hidden behind the stop it caused.
+        # a root cause is not hidden behind the stop it caused. Without one,
+        # a rank that raised may still have said so itself.
+        if outcome is None and (raised := self._rank_that_raised(node_id)) is not None:
+            return raised
         if self.stop_requested_at is not None and outcome is None:
             return PartFinished(node_id=node_id, status="cancelled", exit_code=exit_code)
         if outcome is not None and outcome.status == "succeeded" and exit_code == 0:
@@ -320,6 +323,26 @@ class PartProcess:
             traceback_tail=outcome.traceback_tail or _log_tail(self.run_dir),
             result=result,
         )
+
+    def _rank_that_raised(self, node_id: int) -> PartFinished | None:
+        """The first rank of this part that recorded an exception of its own
+        (worker/rank.py), not only a peer's going: the part's cause where
+        its launcher was stopped, or died, before it wrote an outcome. A
+        peer's failure reaches the server, which stops this part, while a
+        rank that raised here is still on its way out."""
+        for rank, text in runfiles.rank_failures(self.run_dir).items():
+            if causes.classify(text) is FailureReason.RANK_FAILED:
+                return PartFinished(
+                    node_id=node_id,
+                    status="failed",
+                    exit_code=1,  # as the launcher says of an exception
+                    failing_rank=rank,
+                    reason=FailureReason.RANK_FAILED,
+                    message=f"rank {rank} (machine {self.assignment.machine_id}) "
+                    "raised an exception",
+                    traceback_tail=causes.tail(text),
+                )
+        return None
 
 
 def _log_tail(run_dir: Path, chars: int = 4000) -> str | None:

@@ -3,6 +3,7 @@ always leaving the group."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -75,10 +76,19 @@ def run_rank(
             if result.precision is None:  # the trainer did not say: the spec's
                 result = result.model_copy(update={"precision": spec.performance.precision})
             runfiles.write_result(config.run_dir, result)
-    except BaseException:
+    except BaseException as exc:
+        text = traceback.format_exc()
+        if isinstance(exc, Exception):
+            # On disk before this rank leaves the group (below), which is
+            # when its peers notice: if their symptom reaches the server
+            # first and this node is told to stop the part, the signal may
+            # land before the launcher records this cause; the daemon then
+            # reads it here.
+            with contextlib.suppress(OSError):
+                runfiles.write_rank_failure(config.run_dir, rank, text)
         # The launcher relays this too; printing it here puts it in the
         # part's log with the rank that raised it.
-        print(f"rank {rank} failed:\n{traceback.format_exc()}", flush=True)
+        print(f"rank {rank} failed:\n{text}", flush=True)
         raise
     finally:
         if report is not None:

@@ -49,6 +49,10 @@ TERMINATE = "terminate"
 # A script's checkpoint directory (DDPO_CHECKPOINT_DIR), per machine.
 CHECKPOINT_DIR = "checkpoint"
 RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
+# Written by a rank whose training raised, before it leaves the process
+# group (which is when its peers notice): the cause survives a stop signal
+# that lands before its launcher could record it.
+RANK_FAILURE = re.compile(r"^rank-(\d+)\.failed$")
 
 
 def rank_log(run_dir: Path, rank: int) -> Path:
@@ -168,6 +172,20 @@ def write_result(run_dir: Path, result: TrainResult) -> None:
 def read_result(run_dir: Path) -> TrainResult | None:
     path = run_dir / RESULT
     return TrainResult.model_validate_json(path.read_text()) if path.exists() else None
+
+
+def write_rank_failure(run_dir: Path, rank: int, traceback_text: str) -> None:
+    write_atomically(run_dir / f"rank-{rank}.failed", traceback_text)
+
+
+def rank_failures(run_dir: Path) -> dict[int, str]:
+    """The tracebacks of the ranks that raised, by rank."""
+    found: dict[int, str] = {}
+    with contextlib.suppress(FileNotFoundError):
+        for path in run_dir.iterdir():
+            if (match := RANK_FAILURE.match(path.name)) is not None:
+                found[int(match.group(1))] = path.read_text(errors="replace")
+    return dict(sorted(found.items()))
 
 
 def write_outcome(run_dir: Path, outcome: Outcome) -> None:

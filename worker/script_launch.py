@@ -21,7 +21,7 @@ from pathlib import Path
 
 import ddpo
 from ddpo.failures import FailureReason
-from worker import launcher, network, rank, rank_env, runfiles, scripts
+from worker import causes, launcher, network, rank, rank_env, runfiles, scripts
 from worker.unpack import unpack_checkpoint
 
 # How often the launcher looks at its ranks; and how long a rank stopped
@@ -199,7 +199,7 @@ def _failure(config: runfiles.LaunchConfig, local_rank: int, code: int) -> runfi
 def _judged(code: int, tail: str) -> tuple[FailureReason, str]:
     """Why a rank that ended with ``code`` (negative: the signal) failed,
     from what it printed last, and that in words."""
-    reason = launcher.classify(tail)
+    reason = causes.classify(tail)
     if code < 0:
         signal_name = signal.Signals(-code).name
         if _raised_last(tail) and reason is FailureReason.RANK_FAILED:
@@ -240,7 +240,7 @@ def _tail(path: Path) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - launcher.TRACEBACK_TAIL_CHARS))
+            f.seek(max(0, f.tell() - causes.TRACEBACK_TAIL_CHARS))
             return f.read().decode("utf-8", "replace").strip()
     except OSError:
         return ""

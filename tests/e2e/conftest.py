@@ -109,6 +109,8 @@ def cluster(
             "--trainer",
             "crash=tests.e2e.trainers:CRASH",
             "--trainer",
+            "crash-then-linger=tests.e2e.trainers:CRASH_THEN_LINGER",
+            "--trainer",
             "dies=tests.e2e.trainers:DIES",
             "--trainer",
             "mnist-no-dropout=tests.e2e.trainers:NO_DROPOUT",

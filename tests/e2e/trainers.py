@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -26,6 +28,19 @@ def _last_rank_raises(ctx: TrainContext) -> TrainResult | None:
 
 
 CRASH = Trainer(train=_last_rank_raises)
+
+
+def _last_rank_raises_then_lingers(ctx: TrainContext) -> TrainResult | None:
+    """As CRASH, but the rank that raised takes its time to exit (a thread
+    of its own keeps the process, as a library's teardown may on a busy
+    host): its peer's symptom reaches the server, which stops this part,
+    long before this rank's launcher could record the cause."""
+    if ctx.rank == ctx.world_size - 1:
+        threading.Thread(target=time.sleep, args=(60,), name="lingers").start()
+    return _last_rank_raises(ctx)
+
+
+CRASH_THEN_LINGER = Trainer(train=_last_rank_raises_then_lingers)
 
 
 def _last_rank_dies_between_steps(ctx: TrainContext) -> TrainResult | None:

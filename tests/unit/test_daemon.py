@@ -306,6 +306,58 @@ def test_a_stopped_part_gets_sigterm_then_sigkill_then_is_reported_cancelled(
     assert finish.status == "cancelled" and finish.exit_code == -int(signal.SIGKILL)
 
 
+PEER_WENT = "RuntimeError: [pair.cc:561] Connection closed by peer [10.0.0.2]:4485"
+
+
+@pytest.mark.parametrize("recorded", [{}, {0: PEER_WENT}])
+def test_a_part_stopped_before_any_of_its_ranks_raised_is_reported_cancelled(
+    worker: Worker, server: FakeServer, launcher: Launcher, recorded: dict[int, str]
+) -> None:
+    """Only a peer's going (a symptom the server has from elsewhere), or
+    nothing at all, on disk: the stop ended the part."""
+    server.responses += [
+        PollResponse(start=[assignment()], stop=[]),
+        PollResponse(start=[], stop=[1]),
+    ]
+    worker.step()
+    for rank, text in recorded.items():
+        runfiles.write_rank_failure(run_dir(launcher), rank, text)
+    worker.step()  # told to stop: SIGTERM ends the launcher before any outcome
+    until(lambda: not worker.parts, worker)
+    assert finished(server).status == "cancelled"
+
+
+def test_a_rank_that_raised_before_its_part_was_stopped_is_the_parts_cause(
+    worker: Worker, server: FakeServer, launcher: Launcher
+) -> None:
+    """What CI saw (tests/e2e/test_training.py, 1 run in several on a busy
+    host): rank 1 raised on machine 1 and left the group; rank 0 on machine
+    0 lost its peer, and that symptom reached the server first, which then
+    stopped machine 1, whose launcher died of the SIGTERM while its rank
+    was still exiting. The rank had recorded its exception: that is the
+    part's report, and so the job's error, not a cancellation."""
+    server.responses += [
+        PollResponse(start=[assignment(1, machine_id=1, port=29500)], stop=[]),
+        PollResponse(start=[], stop=[1]),
+    ]
+    worker.step()
+    folder = run_dir(launcher, 1, machine_id=1)
+    runfiles.write_rank_failure(folder, 0, PEER_WENT)  # not the cause
+    runfiles.write_rank_failure(
+        folder, 1, "Traceback (most recent call last):\nValueError: injected failure on rank 1"
+    )
+    worker.step()
+    until(lambda: not worker.parts, worker)
+    finish = finished(server)
+    assert (finish.status, finish.reason, finish.failing_rank) == (
+        "failed",
+        FailureReason.RANK_FAILED,
+        1,
+    )
+    assert finish.message == "rank 1 (machine 1) raised an exception"
+    assert "ValueError: injected failure on rank 1" in (finish.traceback_tail or "")
+
+
 def ask(part_id: int, grace_s: float) -> StopRequest:
     return StopRequest(
         part_id=part_id, reason=StopReason.PREEMPTED, detail="by job 9", grace_s=grace_s

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from ddpo.failures import FailureReason, Retry, names_the_cause
 from ddpo.schemas import PartFinished
 from tests.conftest import REPO
-from worker import launcher
+from worker import causes, launcher
 
 R = FailureReason
 
@@ -92,7 +92,7 @@ def test_the_openapi_document_lists_the_reasons() -> None:
 def test_a_ranks_traceback_says_whether_it_failed_or_only_saw_a_peer_go(
     printed: str, reason: FailureReason
 ) -> None:
-    assert launcher.classify(f"Traceback (most recent call last):\n{printed}") is reason
+    assert causes.classify(f"Traceback (most recent call last):\n{printed}") is reason
 
 
 def test_a_peer_failure_yields_to_a_rank_of_the_same_machine_that_raised(tmp_path: Path) -> None:
