@@ -112,19 +112,46 @@ def settle(
         else:
             stopped_on_request(session, job, attempt, now)
             return
-    if new is JobStatus.FAILED:
-        if job.error is None:
-            job.error = JobError(
-                reason=FailureReason.PART_STOPPED, message="a part stopped without being asked to"
-            )
-        stop_active_parts(session, job)
-        if attempt is not None and shrinks(job, attempt, parts, now):
-            requeue_shrunk(session, job, attempt, now)
-            return
-        if restarts_left(job, now):
-            requeue(session, job, now, settings)
-            return
+    if new is JobStatus.FAILED and not fails(session, job, attempt, parts, now, settings):
+        return
     set_job_status(session, job, new, now)
+
+
+def fails(
+    session: Session,
+    job: Job,
+    attempt: Attempt | None,
+    parts: list[Part],
+    now: datetime,
+    settings: ServerSettings,
+) -> bool:
+    """A part of the attempt failed: the rest are stopped, and the job goes
+    on smaller, is retried, or waits for the cause (False), or fails (True)."""
+    if job.error is None:
+        job.error = JobError(
+            reason=FailureReason.PART_STOPPED, message="a part stopped without being asked to"
+        )
+    stop_active_parts(session, job)
+    if attempt is not None and shrinks(job, attempt, parts, now):
+        requeue_shrunk(session, job, attempt, now)
+        return False
+    if restarts_left(job, now):
+        requeue(session, job, now, settings)
+        return False
+    return not waits_for_the_cause(job, parts)
+
+
+def waits_for_the_cause(job: Job, parts: list[Part]) -> bool:
+    """Whether a failing job stays running until its other parts have
+    reported: all it has heard is a symptom (a rank lost a peer), and the
+    part whose rank raised, being stopped now, may still name the cause.
+    A job that ends does so with the error it keeps; each such part ends
+    within its node's stop grace, or is lost with its node."""
+    return (
+        job.error is not None
+        and job.error.reason.is_symptom
+        and any(not p.status.is_terminal() for p in parts)
+    )
 
 
 # Failures that say a machine went away (its node, its worker, or only that

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from api.settings import ServerSettings
 from tests.api.conftest import ProtocolNode, ThreadedServer, make_settings, wait_for
@@ -223,6 +224,38 @@ def test_the_root_cause_wins_over_a_peer_that_lost_its_connection(client: httpx.
     ).raise_for_status()
     error = job(client, job_id)["error"]
     assert (error["reason"], error["rank"]) == ("rank_failed", 1)
+
+
+@pytest.mark.parametrize("then", ["raised", "cancelled"])
+def test_a_job_that_heard_only_a_symptom_ends_once_its_other_parts_have_reported(
+    client: httpx.Client, then: str
+) -> None:
+    """A peer's "lost its connection" arrives first: the job is not over
+    (a client reading a failed job reads its last word) until the part
+    being stopped has said how it ended, and names the cause if it can."""
+    a, b = ProtocolNode(client, "a"), ProtocolNode(client, "b")
+    job_id = submit(client, machines=2)
+    parts = {n.name: n.poll()["start"][0]["part_id"] for n in (a, b)}
+    a.finish(
+        parts["a"], "failed", exit_code=1, failing_rank=0, reason="peer_failure"
+    ).raise_for_status()
+    view = job(client, job_id)
+    assert view["status"] == "running", view
+    assert [p["status"] for p in view["parts"]] == ["failed", "stopping"]
+    assert b.poll([parts["b"]])["stop"] == [parts["b"]]
+    if then == "raised":
+        b.finish(
+            parts["b"], "failed", exit_code=1, failing_rank=1, reason="rank_failed"
+        ).raise_for_status()
+    else:
+        b.finish(parts["b"], "cancelled").raise_for_status()
+    view = job(client, job_id)
+    assert view["status"] == "failed"
+    expected = ("rank_failed", 1) if then == "raised" else ("peer_failure", 0)
+    assert (view["error"]["reason"], view["error"]["rank"]) == expected
+    (attempt,) = view["attempts"]
+    assert attempt["finished_at"] is not None
+    assert (attempt["error"]["reason"], attempt["error"]["rank"]) == expected
 
 
 def test_progress_is_kept_once_and_shown_on_the_job(client: httpx.Client) -> None:
