@@ -20,23 +20,14 @@ from pathlib import Path
 
 from db import migrate, queries
 from db.engine import Database
-from db.models import LogRow
 from ddpo.schemas import JobSpec
 
 AT = datetime(2026, 12, 1, tzinfo=timezone.utc)
 
 
-def _rows(job_id: int, attempt_id: int, first: int, count: int) -> list[LogRow]:
+def _lines(first: int, count: int) -> list[tuple[int, int, str, datetime]]:
     return [
-        LogRow(
-            job_id=job_id,
-            attempt_id=attempt_id,
-            machine_id=0,
-            rank=0,
-            offset=100 * i,
-            text=f"epoch 1 batch {i}: loss 0.{i % 1000:03d}",
-            at=AT,
-        )
+        (0, 100 * i, f"epoch 1 batch {i}: loss 0.{i % 1000:03d}", AT)
         for i in range(first, first + count)
     ]
 
@@ -54,14 +45,26 @@ def main(argv: list[str] | None = None) -> None:
             job = queries.insert_job(session=session, spec=JobSpec(), name=None)
             assert job.id is not None
             attempt = queries.insert_attempt(
-                session=session, job_id=job.id, number=1, master_addr="127.0.0.1"
+                session=session,
+                job_id=job.id,
+                number=1,
+                master_addr="127.0.0.1",
+                num_machines=1,
+                resumed_from_epoch=None,
+                resumed_from_step=None,
             )
             job_id, attempt_id = job.id, attempt.id
             assert attempt_id is not None
         next_line = 0
         for first in range(0, args.cap, 10_000):
             with db.write() as session:
-                queries.insert_logs(session=session, rows=_rows(job_id, attempt_id, first, 10_000))
+                queries.insert_logs(
+                    session=session,
+                    job_id=job_id,
+                    attempt_id=attempt_id,
+                    machine_id=0,
+                    lines=_lines(first, 10_000),
+                )
             next_line = first + 10_000
         times: dict[str, list[float]] = {"insert alone": [], "insert and hold the cap": []}
         for _ in range(args.rounds):
@@ -69,10 +72,13 @@ def main(argv: list[str] | None = None) -> None:
                 started = time.perf_counter()
                 with db.write() as session:
                     queries.insert_logs(
-                        session=session, rows=_rows(job_id, attempt_id, next_line, args.batch)
+                        session=session,
+                        job_id=job_id,
+                        attempt_id=attempt_id,
+                        machine_id=0,
+                        lines=_lines(next_line, args.batch),
                     )
                     if label != "insert alone":
-                        session.flush()
                         queries.delete_logs_beyond(
                             session=session, job_id=job_id, keep=args.cap, limit=args.batch + 5000
                         )

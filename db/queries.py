@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import JSON, Select, delete, func, or_, type_coerce, update
+from sqlalchemy import insert as sa_insert
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
@@ -758,8 +759,31 @@ def known_log_offsets(
     return {(rank, offset) for rank, offset in session.exec(statement).all()}
 
 
-def insert_logs(*, session: Session, rows: Iterable[LogRow]) -> None:
-    session.add_all(list(rows))
+def insert_logs(
+    *,
+    session: Session,
+    job_id: int,
+    attempt_id: int,
+    machine_id: int,
+    lines: Iterable[tuple[int, int, str, datetime]],
+) -> None:
+    """One machine's lines, each (rank, offset, text, at), in one statement
+    and without an ORM object per line: a node's batch of 10,000 took 1.9 s
+    to 3.3 s through the ORM (BENCHMARKS.md, "Log lines in bulk")."""
+    values = [
+        {
+            "job_id": job_id,
+            "attempt_id": attempt_id,
+            "machine_id": machine_id,
+            "rank": rank,
+            "offset": offset,
+            "text": text,
+            "at": at,
+        }
+        for rank, offset, text, at in lines
+    ]
+    if values:
+        session.execute(sa_insert(LogRow), values)
 
 
 def logs_of_job(

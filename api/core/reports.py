@@ -17,7 +17,7 @@ from api.core.errors import Conflict, Forbidden, NotFound, TooMany
 from api.core.placement import write_together
 from api.core.settlement import explain_given_up_attempt, may_explain, settle
 from db import queries
-from db.models import LAUNCHER_RANK, Job, LogRow, Part, ProgressRow, utcnow
+from db.models import LAUNCHER_RANK, Job, Part, ProgressRow, utcnow
 from ddpo.failures import FailureReason
 from ddpo.lifecycle import JobStatus, PartStatus, move_part
 from ddpo.schemas import JobError, LogBatch, LogLine, PartFinished, ProgressBatch, RendezvousBound
@@ -181,21 +181,12 @@ def record_logs(core: Core, part_id: int, batch: LogBatch) -> bool:
                 fresh[key] = line
         queries.insert_logs(
             session=session,
-            rows=(
-                LogRow(
-                    job_id=part.job_id,
-                    attempt_id=part.attempt_id,
-                    machine_id=part.machine_id,
-                    rank=rank,
-                    offset=offset,
-                    text=line.text,
-                    at=line.at,
-                )
-                for (rank, offset), line in fresh.items()
-            ),
+            job_id=part.job_id,
+            attempt_id=part.attempt_id,
+            machine_id=part.machine_id,
+            lines=((rank, offset, line.text, line.at) for (rank, offset), line in fresh.items()),
         )
         if fresh:
-            session.flush()
             queries.delete_logs_beyond(
                 session=session,
                 job_id=part.job_id,

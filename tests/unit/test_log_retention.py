@@ -60,18 +60,10 @@ def a_job_with_lines(core: Core, count: int, ended_ago: timedelta | None) -> int
             job.status, job.finished_at = JobStatus.SUCCEEDED, now - ended_ago
         queries.insert_logs(
             session=session,
-            rows=[
-                LogRow(
-                    job_id=job.id,
-                    attempt_id=attempt.id,
-                    machine_id=0,
-                    rank=0,
-                    offset=i,
-                    text=f"line {i}",
-                    at=now,
-                )
-                for i in range(count)
-            ],
+            job_id=job.id,
+            attempt_id=attempt.id,
+            machine_id=0,
+            lines=[(0, i, f"line {i}", now) for i in range(count)],
         )
         return job.id
 
