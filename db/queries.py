@@ -768,8 +768,9 @@ def insert_logs(
     lines: Iterable[tuple[int, int, str, datetime]],
 ) -> None:
     """One machine's lines, each (rank, offset, text, at), in one statement
-    and without an ORM object per line: a node's batch of 10,000 took 1.9 s
-    to 3.3 s through the ORM (BENCHMARKS.md, "Log lines in bulk")."""
+    and without an ORM object per line: through the ORM, a node's batch of
+    10,000 took 3.1x as long on SQLite, 2.3x on PostgreSQL (BENCHMARKS.md,
+    "Log lines in bulk")."""
     values = [
         {
             "job_id": job_id,
