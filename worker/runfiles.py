@@ -179,12 +179,23 @@ def write_rank_failure(run_dir: Path, rank: int, traceback_text: str) -> None:
 
 
 def rank_failures(run_dir: Path) -> dict[int, str]:
-    """The tracebacks of the ranks that raised, by rank."""
+    """The tracebacks of the ranks that raised, by rank; only those written
+    before the daemon's SIGTERM was meant for the part: a script's own
+    SIGTERM handler may raise, and that exception is the stop, not a cause."""
+    try:
+        signalled_at: int | None = (run_dir / TERMINATE).stat().st_mtime_ns
+    except FileNotFoundError:
+        signalled_at = None
     found: dict[int, str] = {}
     with contextlib.suppress(FileNotFoundError):
         for path in run_dir.iterdir():
-            if (match := RANK_FAILURE.match(path.name)) is not None:
-                found[int(match.group(1))] = path.read_text(errors="replace")
+            if (match := RANK_FAILURE.match(path.name)) is None:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                # Strictly before: file times move in ticks of a few ms, and a
+                # handler's exception can come within the same tick.
+                if signalled_at is None or path.stat().st_mtime_ns < signalled_at:
+                    found[int(match.group(1))] = path.read_text(errors="replace")
     return dict(sorted(found.items()))
 
 

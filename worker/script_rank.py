@@ -25,7 +25,27 @@ def main() -> None:
     shield.install_for_part(Path(os.environ[ddpo.RUN_DIR_ENV]), os.getppid())
     sys.argv = sys.argv[1:]
     sys.path[0] = os.path.dirname(script)
-    runpy.run_path(script, run_name="__main__")
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except Exception:
+        _record_failure()
+        raise
+
+
+def _record_failure() -> None:
+    """The script's exception, on disk before this process exits (its
+    sockets close then, and its peers notice): if their symptom reaches the
+    server first and the part is stopped before the launcher has judged this
+    rank, the daemon still reports the cause (worker/part.py). Imported
+    here: a script that does not raise pays nothing for it."""
+    import contextlib
+    import traceback
+
+    from worker import runfiles
+
+    with contextlib.suppress(OSError, KeyError, ValueError):
+        run_dir = Path(os.environ[ddpo.RUN_DIR_ENV])
+        runfiles.write_rank_failure(run_dir, int(os.environ["RANK"]), traceback.format_exc())
 
 
 if __name__ == "__main__":

@@ -61,6 +61,21 @@ def test_a_script_that_raises_fails_the_job_with_rank_failed_and_its_traceback(
     assert job["progress"]["metrics"] == {"ranks_met": 2.0}
 
 
+def test_a_script_rank_that_raised_names_the_cause_though_its_part_was_stopped_first(
+    jobs: Jobs,
+) -> None:
+    """Its peer on the other machine lost it at once and reported that
+    symptom first; this rank's part was stopped while the rank lingered.
+    The rank recorded its exception before exiting (worker/script_rank.py)."""
+    job_id = jobs.submit(machines=2, processes=1, script={"path": "tests/raises_then_lingers.py"})
+    job = jobs.wait_done(job_id, timeout_s=120)
+    assert job["status"] == "failed"
+    error = job["error"]
+    assert (error["reason"], error["rank"], error["machine_id"]) == ("rank_failed", 1, 1), error
+    assert "ValueError: shard 1 of 2 has no labels" in error["traceback_tail"]
+    assert [p["status"] for p in job["parts"]] == ["failed", "failed"], job["parts"]
+
+
 def test_a_script_killed_by_a_signal_resumes_from_its_checkpoint_directory(
     jobs: Jobs, cluster: LocalCluster
 ) -> None:

@@ -5,6 +5,7 @@ directory with the launcher's own writers."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -346,6 +347,7 @@ def test_a_rank_that_raised_before_its_part_was_stopped_is_the_parts_cause(
     runfiles.write_rank_failure(
         folder, 1, "Traceback (most recent call last):\nValueError: injected failure on rank 1"
     )
+    a_moment_ago(folder)
     worker.step()
     until(lambda: not worker.parts, worker)
     finish = finished(server)
@@ -356,6 +358,48 @@ def test_a_rank_that_raised_before_its_part_was_stopped_is_the_parts_cause(
     )
     assert finish.message == "rank 1 (machine 1) raised an exception"
     assert "ValueError: injected failure on rank 1" in (finish.traceback_tail or "")
+
+
+def a_moment_ago(folder: Path) -> None:
+    """Date the ranks' records a second back: they came before the stop
+    (in a real run by the time the peer's report took to travel)."""
+    for record in folder.glob("rank-*.failed"):
+        then = record.stat().st_mtime_ns - 1_000_000_000
+        os.utime(record, ns=(then, then))
+
+
+@dataclass
+class RaisesOnSigterm(FakeGroup):
+    """A script whose own SIGTERM handler raises: it records the exception
+    (worker/script_rank.py) and exits 1."""
+
+    folder: Path | None = None
+
+    def signal(self, signum: signal.Signals) -> None:
+        if signum is signal.SIGTERM and self.folder is not None:
+            runfiles.write_rank_failure(
+                self.folder, 0, "Traceback (most recent call last):\nRuntimeError: terminated"
+            )
+            self.signals.append(signum)
+            self.code = 1
+            return
+        super().signal(signum)
+
+
+def test_an_exception_raised_after_the_stops_sigterm_is_the_stop_not_a_cause(
+    worker: Worker, server: FakeServer, launcher: Launcher
+) -> None:
+    launcher.groups[1] = RaisesOnSigterm(folder=run_dir(launcher))
+    server.responses += [
+        PollResponse(start=[assignment()], stop=[]),
+        PollResponse(start=[], stop=[1]),
+    ]
+    worker.step()
+    worker.step()  # told to stop: SIGTERM
+    until(lambda: not worker.parts, worker)
+    assert launcher.groups[1].signals == [signal.SIGTERM]
+    assert (run_dir(launcher) / "rank-0.failed").exists()  # it did raise
+    assert finished(server).status == "cancelled"
 
 
 def ask(part_id: int, grace_s: float) -> StopRequest:
