@@ -49,9 +49,9 @@ TERMINATE = "terminate"
 # A script's checkpoint directory (DDPO_CHECKPOINT_DIR), per machine.
 CHECKPOINT_DIR = "checkpoint"
 RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
-# Written by a rank whose training raised, before it leaves the process
-# group (which is when its peers notice): the cause survives a stop signal
-# that lands before its launcher could record it.
+# Written by a rank whose training (or script) raised, before it leaves the
+# process group or exits (which is when its peers notice): the cause
+# survives a stop signal that lands before its launcher could record it.
 RANK_FAILURE = re.compile(r"^rank-(\d+)\.failed$")
 
 
