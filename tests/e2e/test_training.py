@@ -128,12 +128,10 @@ def test_a_rank_that_raises_fails_the_job_and_workers_carry_on(jobs: Jobs, train
     job_id = jobs.submit(machines=2, processes=1, trainer=trainer)
     job = jobs.wait_done(job_id, timeout_s=120)
     assert job["status"] == "failed"
-    error = job["error"]
-    assert (error["rank"], error["machine_id"], error["reason"]) == (1, 1, "rank_failed"), job[
-        "parts"
-    ]
+    error, parts = job["error"], job["parts"]
+    assert (error["rank"], error["machine_id"], error["reason"]) == (1, 1, "rank_failed"), parts
     assert "ValueError: injected failure on rank 1" in error["traceback_tail"]
-    assert all(p["status"] in ("failed", "cancelled") for p in job["parts"])
+    assert all(p["status"] in ("failed", "cancelled") for p in parts)
 
     # Both nodes take the next job.
     next_id = jobs.submit(machines=2, processes=1, max_steps_per_epoch=5)
