@@ -362,7 +362,9 @@ def writes_made(session: Session) -> int:
 def note_written(session: Session, rows: Iterable[object]) -> None:
     """Rows a write changed with a statement of its own rather than through
     the session's objects (which its flushes note): counted, announced and
-    passed to the commit's callbacks as those are (Database.write)."""
+    passed to the commit's callbacks as those are (Database.write). Many
+    rows of one table that no callback looks into (log lines) are noted
+    as their model: the table changed."""
     session.info[_WRITTEN].extend(rows)
 
 

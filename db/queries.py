@@ -5,13 +5,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, Select, delete, func, or_, type_coerce, update
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Select,
+    any_,
+    bindparam,
+    delete,
+    func,
+    or_,
+    type_coerce,
+    update,
+)
 from sqlalchemy import insert as sa_insert
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import select as sa_select
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlmodel import Session, col, select
 
 from db.engine import kept_specs_of, note_written
@@ -751,12 +763,22 @@ def known_log_offsets(
     """(rank, offset) pairs of these offsets already stored for the machine."""
     if not offsets:
         return set()
+    wanted = sorted(set(offsets))
+    if session.get_bind().dialect.name == "postgresql":
+        # One array, not 10,000 parameters: built, sent and planned one by
+        # one they cost more than the batch's insert. (Asked by the batch's
+        # span instead, a node's two lines could make the server read all
+        # of a job's kept lines.)
+        among = col(LogRow.offset) == any_(bindparam("offsets", wanted, type_=ARRAY(BigInteger)))
+    else:
+        among = col(LogRow.offset).in_(wanted)
     statement = select(LogRow.rank, LogRow.offset).where(
-        LogRow.attempt_id == attempt_id,
-        LogRow.machine_id == machine_id,
-        col(LogRow.offset).in_(sorted(set(offsets))),
+        LogRow.attempt_id == attempt_id, LogRow.machine_id == machine_id, among
     )
     return {(rank, offset) for rank, offset in session.exec(statement).all()}
+
+
+_LOG_COLUMNS = ("job_id", "attempt_id", "machine_id", "rank", "offset", "text", "at")
 
 
 def insert_logs(
@@ -767,24 +789,36 @@ def insert_logs(
     machine_id: int,
     lines: Iterable[tuple[int, int, str, datetime]],
 ) -> None:
-    """One machine's lines, each (rank, offset, text, at), in one statement
-    and without an ORM object per line: through the ORM, a node's batch of
-    10,000 took 3.1x as long on SQLite, 2.3x on PostgreSQL (BENCHMARKS.md,
-    "Log lines in bulk")."""
-    values = [
-        {
-            "job_id": job_id,
-            "attempt_id": attempt_id,
-            "machine_id": machine_id,
-            "rank": rank,
-            "offset": offset,
-            "text": text,
-            "at": at,
-        }
+    """One machine's lines, each (rank, offset, text, at), without an ORM
+    object per line (3.1x as long on SQLite). On PostgreSQL one ``COPY``:
+    psycopg sends an executemany as a statement per row, and a batch of
+    10,000 waited a second on the server (BENCHMARKS.md, "Log lines in
+    bulk")."""
+    rows = [
+        (job_id, attempt_id, machine_id, rank, offset, text, _naive_utc(at))
         for rank, offset, text, at in lines
     ]
-    if values:
+    if not rows:
+        return
+    if session.get_bind().dialect.name == "postgresql":
+        columns = ", ".join(f'"{name}"' for name in _LOG_COLUMNS)
+        # The session's own connection: the lines commit with the rest.
+        driver = session.connection().connection.driver_connection
+        statement = f"COPY {LogRow.__tablename__} ({columns}) FROM STDIN"
+        with driver.cursor() as cursor, cursor.copy(statement) as copy:  # type: ignore[union-attr]
+            for row in rows:
+                copy.write_row(row)
+    else:
+        values = [dict(zip(_LOG_COLUMNS, row, strict=True)) for row in rows]
         session.execute(sa_insert(LogRow), values)
+    # No flush sees these rows: without this, a job's lines read while it
+    # runs (api/read_cache.py) were answered from before them.
+    note_written(session, [LogRow])
+
+
+def _naive_utc(at: datetime) -> datetime:
+    """As ``UTCDateTime`` stores a time, for a statement that bypasses it."""
+    return at.astimezone(timezone.utc).replace(tzinfo=None) if at.tzinfo is not None else at
 
 
 def logs_of_job(
@@ -881,7 +915,10 @@ def jobs_over_log_cap(*, session: Session, after: datetime, keep: int) -> list[i
 
 def _delete_rows(session: Session, table: type[LogRow] | type[ProgressRow], ids: Select) -> int:  # type: ignore[type-arg]
     statement = delete(table).where(col(table.id).in_(ids.scalar_subquery()))
-    return int(session.execute(statement).rowcount or 0)  # type: ignore[attr-defined]
+    deleted = int(session.execute(statement).rowcount or 0)  # type: ignore[attr-defined]
+    if deleted:
+        note_written(session, [table])
+    return deleted
 
 
 def delete_logs_of_jobs(*, session: Session, job_ids: list[int], limit: int) -> int:

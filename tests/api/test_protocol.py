@@ -291,6 +291,32 @@ def test_progress_is_kept_once_and_shown_on_the_job(client: httpx.Client) -> Non
     assert [(p["step"], p["loss"]) for p in points] == [(1, 2.3), (10, 1.5), (15, 0.9)]
 
 
+def test_a_running_jobs_lines_read_between_batches_show_each_new_one(
+    client: httpx.Client,
+) -> None:
+    """What ``ddpo logs --follow`` and the dashboard do: read, a batch
+    arrives, read again. A read is answered from the cache until a write
+    changes its tables (api/read_cache.py): lines written without ORM
+    objects were once not counted, and the second read gave the first's."""
+    node = ProtocolNode(client, "chatty")
+    job_id = submit(client)
+    part_id = node.poll()["start"][0]["part_id"]
+    at = "2026-01-01T00:00:00Z"
+    seen: list[str] = []
+    for batch in range(3):
+        body = [
+            {"rank": 0, "offset": 100 * batch + i, "text": f"{batch}.{i}", "at": at}
+            for i in range(2)
+        ]
+        sent = client.post(f"/parts/{part_id}/logs", json={"node_id": node.node_id, "lines": body})
+        assert sent.json() == {"accepted": True}
+        seen += [f"{batch}.0", f"{batch}.1"]
+        lines = client.get(f"/jobs/{job_id}/logs").json()["lines"]
+        assert [line["text"] for line in lines] == seen
+        tail = client.get(f"/jobs/{job_id}/logs", params={"tail": 1}).json()["lines"]
+        assert [line["text"] for line in tail] == [seen[-1]]
+
+
 def test_log_lines_are_kept_once_and_served_by_rank_tail_and_since(
     client: httpx.Client,
 ) -> None:
@@ -299,7 +325,9 @@ def test_log_lines_are_kept_once_and_served_by_rank_tail_and_since(
     starts = {n.name: n.poll()["start"][0] for n in (a, b)}
     at = "2026-01-01T00:00:00Z"
 
-    def send(node: ProtocolNode, lines: list[tuple[int | None, int, str]]) -> httpx.Response:
+    def send(
+        node: ProtocolNode, lines: list[tuple[int | None, int, str]], at: str = at
+    ) -> httpx.Response:
         part_id = starts[node.name]["part_id"]
         body = [{"rank": r, "offset": o, "text": t, "at": at} for r, o, t in lines]
         return client.post(f"/parts/{part_id}/logs", json={"node_id": node.node_id, "lines": body})
@@ -311,7 +339,8 @@ def test_log_lines_are_kept_once_and_served_by_rank_tail_and_since(
     for _ in range(2):  # a resend after a lost answer changes nothing
         assert send(m0, first).json() == {"accepted": True}
     send(m0, [(0, 18, "rank 0 again")]).raise_for_status()
-    send(m1, [(2, 0, "rank 2 on machine 1")]).raise_for_status()
+    # A node's clock in another zone: the line's time is kept as the same instant.
+    send(m1, [(2, 0, "rank 2 on machine 1")], at="2026-01-01T02:30:00+02:00").raise_for_status()
 
     def logs(**params: Any) -> dict[str, Any]:
         page: dict[str, Any] = (
@@ -328,6 +357,10 @@ def test_log_lines_are_kept_once_and_served_by_rank_tail_and_since(
         (1, 2, "rank 2 on machine 1"),
     ]
     assert every["job_status"] == "running"
+    times = [datetime.fromisoformat(line["at"].replace("Z", "+00:00")) for line in every["lines"]]
+    assert [t.isoformat() for t in times] == ["2026-01-01T00:00:00+00:00"] * 4 + [
+        "2026-01-01T00:30:00+00:00"
+    ]
     assert [x["text"] for x in logs(rank=0)["lines"]] == ["rank 0 says hello", "rank 0 again"]
     assert [x["text"] for x in logs(machine_id=1)["lines"]] == ["rank 2 on machine 1"]
     assert [x["text"] for x in logs(tail=2)["lines"]] == ["rank 0 again", "rank 2 on machine 1"]
