@@ -4,6 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from ddpo.schemas import MAX_WORLD_SIZE, JobSpec
+from ddpo.schemas.protocol import LogBatch
 
 
 def locs(exc: ValidationError) -> list[tuple[object, ...]]:
@@ -43,3 +44,29 @@ def test_world_size_is_bounded() -> None:
         JobSpec.model_validate({"topology": {"num_machines": 64, "num_processes": 64}})
     assert ("topology",) in locs(info.value)
     assert str(MAX_WORLD_SIZE) in str(info.value)
+
+
+def test_a_fields_json_type_is_judged_for_every_value_in_a_batch() -> None:
+    """What a field takes is worked out once per field and JSON type
+    (ddpo/schemas/strict.py): a later line of another type is still judged,
+    each mistake named at its own line."""
+    at = "2026-01-01T00:00:00Z"
+    good = [{"rank": 0, "offset": 0, "text": "fine", "at": at}]
+    wrong: list[tuple[str, object, str]] = [
+        ("rank", True, "a boolean where the schema wants an integer"),
+        ("rank", "0", "a string where the schema wants an integer"),
+        ("offset", [1], "an array where the schema wants an integer"),
+        ("at", 1767225600, "an integer where the schema wants a date-time string"),
+    ]
+    for _ in range(2):  # the second time, the field's answers are remembered
+        lines = good + [
+            {**good[0], "offset": i + 1, field: value} for i, (field, value, _) in enumerate(wrong)
+        ]
+        with pytest.raises(ValidationError) as info:
+            LogBatch.model_validate({"node_id": 1, "lines": lines})
+        said = [(e["loc"], e["msg"]) for e in info.value.errors()]
+        assert said == [
+            (("lines", i + 1, field), f"Value error, {message}")
+            for i, (field, _, message) in enumerate(wrong)
+        ]
+        assert LogBatch.model_validate({"node_id": 1, "lines": good * 3}).lines[0].rank == 0
