@@ -296,8 +296,9 @@ def test_a_running_jobs_lines_read_between_batches_show_each_new_one(
 ) -> None:
     """What ``ddpo logs --follow`` and the dashboard do: read, a batch
     arrives, read again. A read is answered from the cache until a write
-    changes its tables (api/read_cache.py): lines written without ORM
-    objects were once not counted, and the second read gave the first's."""
+    changes its tables or a second passes (api/read_cache.py): lines
+    written without ORM objects were once not counted, and the second read
+    gave the first's."""
     node = ProtocolNode(client, "chatty")
     job_id = submit(client)
     part_id = node.poll()["start"][0]["part_id"]

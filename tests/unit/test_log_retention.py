@@ -104,3 +104,20 @@ def test_a_prune_cuts_each_recent_job_to_its_newest_lines_in_a_few_statements(
     # newest line to drop, the delete); none for the 20 under it.
     on_lines = [s for s in statements if "log_line" in s]
     assert len(on_lines) == 1 + 2 * 2, on_lines
+
+
+def test_lines_written_or_pruned_in_bulk_count_as_writes_to_their_table(core: Core) -> None:
+    """No flush sees these statements' rows, yet a cached read of a job's
+    lines (api/read_cache.py) is stale once they commit: the insert and the
+    prune count as a write to the log table, as a flush would."""
+    (before,) = core.db.writes_to((LogRow,))
+    job_id = a_job_with_lines(core, 2 * CAP, ended_ago=None)
+    (inserted,) = core.db.writes_to((LogRow,))
+    assert inserted == before + 1
+    assert retention.prune(core, utcnow()).log_lines == CAP
+    assert kept(core, job_id) == [f"line {i}" for i in range(CAP, 2 * CAP)]
+    (pruned,) = core.db.writes_to((LogRow,))
+    assert pruned == inserted + 1
+    # A prune with nothing to drop changes nothing.
+    assert retention.prune(core, utcnow()).log_lines == 0
+    assert core.db.writes_to((LogRow,)) == (pruned,)
