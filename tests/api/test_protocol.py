@@ -318,6 +318,23 @@ def test_a_running_jobs_lines_read_between_batches_show_each_new_one(
         assert [line["text"] for line in tail] == [seen[-1]]
 
 
+def test_log_lines_come_back_exactly_as_sent_whatever_they_hold(client: httpx.Client) -> None:
+    """On PostgreSQL the lines go in by COPY (db/queries.py, insert_logs),
+    whose text format gives tabs, backslashes and ``\\.`` meanings of its own."""
+    node = ProtocolNode(client, "odd")
+    job_id = submit(client)
+    part_id = node.poll()["start"][0]["part_id"]
+    texts = ["tab\there", "back\\slash \\N", "cr\rx", "\\.", "quote\"'", "ünï©ødé ✓", "", "a,b;c|d"]
+    body = [
+        {"rank": 0, "offset": i, "text": text, "at": "2026-01-01T00:00:00Z"}
+        for i, text in enumerate(texts)
+    ]
+    sent = client.post(f"/parts/{part_id}/logs", json={"node_id": node.node_id, "lines": body})
+    assert sent.json() == {"accepted": True}
+    lines = client.get(f"/jobs/{job_id}/logs").json()["lines"]
+    assert [line["text"] for line in lines] == texts
+
+
 def test_log_lines_are_kept_once_and_served_by_rank_tail_and_since(
     client: httpx.Client,
 ) -> None:
