@@ -764,7 +764,7 @@ def known_log_offsets(
     if not offsets:
         return set()
     wanted = sorted(set(offsets))
-    if session.get_bind().dialect.name == "postgresql":
+    if _on_postgresql(session):
         # One array, not 10,000 parameters: built, sent and planned one by
         # one they cost more than the batch's insert. (Asked by the batch's
         # span instead, a node's two lines could make the server read all
@@ -776,6 +776,10 @@ def known_log_offsets(
         LogRow.attempt_id == attempt_id, LogRow.machine_id == machine_id, among
     )
     return {(rank, offset) for rank, offset in session.exec(statement).all()}
+
+
+def _on_postgresql(session: Session) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
 
 
 _LOG_COLUMNS = ("job_id", "attempt_id", "machine_id", "rank", "offset", "text", "at")
@@ -800,7 +804,7 @@ def insert_logs(
     ]
     if not rows:
         return
-    if session.get_bind().dialect.name == "postgresql":
+    if _on_postgresql(session):
         columns = ", ".join(f'"{name}"' for name in _LOG_COLUMNS)
         # The session's own connection: the lines commit with the rest.
         driver = session.connection().connection.driver_connection

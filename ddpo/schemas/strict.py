@@ -4,6 +4,7 @@ database's columns."""
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timezone
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
@@ -90,7 +91,6 @@ class Strict(BaseModel):
 # value that is not an array, per JSON type): walking the annotation at
 # every value was most of the time a node's batch of 10,000 log lines took
 # to read (40,000 values).
-_WANTS_NUMBER_OR_BOOL: dict[tuple[type, str], bool] = {}
 _FITS: dict[tuple[type, str, type], bool] = {}
 
 
@@ -98,12 +98,9 @@ def _annotation(model: type[BaseModel], field: str) -> Any:
     return model.model_fields[field].annotation
 
 
+@functools.cache
 def _wants_number_or_bool_in(model: type[BaseModel], field: str) -> bool:
-    key = (model, field)
-    wants = _WANTS_NUMBER_OR_BOOL.get(key)
-    if wants is None:
-        wants = _WANTS_NUMBER_OR_BOOL[key] = _wants_number_or_bool(_annotation(model, field))
-    return wants
+    return _wants_number_or_bool(_annotation(model, field))
 
 
 def _fits_field(model: type[BaseModel], field: str, value: Any) -> bool:
