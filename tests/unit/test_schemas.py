@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from ddpo.schemas import MAX_WORLD_SIZE, JobSpec
-from ddpo.schemas.protocol import LogBatch
+from ddpo.schemas.protocol import LogBatch, PollRequest
 
 
 def locs(exc: ValidationError) -> list[tuple[object, ...]]:
@@ -70,3 +70,23 @@ def test_a_fields_json_type_is_judged_for_every_value_in_a_batch() -> None:
             for i, (field, _, message) in enumerate(wrong)
         ]
         assert LogBatch.model_validate({"node_id": 1, "lines": good * 3}).lines[0].rank == 0
+
+
+def test_an_arrays_items_are_judged_whatever_arrays_came_before() -> None:
+    """An array's answer is remembered by the types of its items (every idle
+    node's poll sends two): an array with an item of another type, or an
+    array in it, is still judged after empty ones and good ones."""
+    for _ in range(2):
+        for fine in ([], [1, 2], [3]):
+            assert PollRequest.model_validate({"active_part_ids": fine}).active_part_ids == fine
+        for wrong, kind in (
+            ([1, True], "an array"),
+            ([1, "2"], "an array"),
+            ([[1]], "an array"),
+            ([1.0, [2]], "an array"),
+        ):
+            with pytest.raises(ValidationError) as info:
+                PollRequest.model_validate({"active_part_ids": wrong})
+            (error,) = info.value.errors()
+            assert error["loc"] == ("active_part_ids",)
+            assert error["msg"] == f"Value error, {kind} where the schema wants an array"
