@@ -32,7 +32,7 @@ from api.deps import refuse_unknown_query
 from api.head import HeadAsGet
 from api.host_check import HostCheck, OriginCheck, allowed_hosts
 from api.limits import BodyLimitMiddleware
-from api.monitoring import LatencyMiddleware, make_registry
+from api.monitoring import LatencyMiddleware, fastapi_telemetry, make_registry
 from api.node_lane import NodeLane
 from api.notifier import Notifier
 from api.quiet_nodes import QuietNodes
@@ -70,9 +70,11 @@ from ddpo.schemas.public import Problem
 
 log = logging.getLogger(__name__)
 
-# Young passes between the garbage collector's full passes (Python's
-# default: 10); see the lifespan.
-FULL_PASS_EVERY = 1000
+# The garbage collector's passes (see the lifespan): young passes between
+# two of the middle generation (Python's default: 10), and those between two
+# full passes (Python's default: 10).
+MIDDLE_PASS_EVERY = 100
+FULL_PASS_EVERY = 100
 
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
@@ -103,16 +105,22 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         # otherwise walk all of it each time they stop the event loop.
         gc.collect()
         gc.freeze()
-        # A full pass once every FULL_PASS_EVERY young (generation 1) passes
-        # rather than every 10: held polls live seconds, so the collector
-        # moves a thousand of them into the oldest generation every second
-        # or so, and with 10 it walked them all about once a second, 50-150
-        # ms each at 1,000 nodes. What dies there is freed by reference
-        # counting when the poll ends (requests make no reference loops:
-        # api/serving.py, tests/unit/test_notifier.py); the full pass finds
-        # what little else there is.
+        # Held polls live seconds: what they hold is most of what a young
+        # pass finds alive (65,000 objects at 1,000 nodes), moved on to the
+        # middle generation and from there to the oldest. A pass of the
+        # middle generation walks all of them: 60 ms, with the event loop
+        # stopped, and with Python's default of one every 10 young passes,
+        # every 2-3 s. That was the slow tail of idle polls and a tenth of
+        # the server's CPU. One every MIDDLE_PASS_EVERY young passes, and a
+        # full pass every FULL_PASS_EVERY of those: about as often as the
+        # full passes before (10,000 young passes apart), each walking a
+        # generation of the same size. What dies in the older generations is
+        # freed by reference counting when the poll ends (requests make no
+        # reference loops: api/serving.py, tests/unit/test_notifier.py); the
+        # passes find what little else there is. BENCHMARKS.md, "Idle polls
+        # and the garbage collector".
         thresholds = gc.get_threshold()
-        gc.set_threshold(thresholds[0], thresholds[1], FULL_PASS_EVERY)
+        gc.set_threshold(thresholds[0], MIDDLE_PASS_EVERY, FULL_PASS_EVERY)
         sweeper = asyncio.create_task(_sweep_forever(core, instruments.tick, read_cache))
         log.info("serving with database %s", redacted(settings.database_url))
         try:
@@ -137,6 +145,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         # Served from installed files (api/routes/reference.py), not a CDN.
         docs_url=None,
         redoc_url=None,
+        telemetry=fastapi_telemetry(),
     )
     app.state.settings = settings
     app.state.db = db

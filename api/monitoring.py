@@ -4,10 +4,13 @@ match it, and request latency measured as requests go by."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from fastapi.telemetry import TelemetryConfig
+from opentelemetry import _logs, metrics, trace
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -157,3 +160,21 @@ class LatencyMiddleware:
             await send(message)
 
         await self.app(scope, receive, timed_send)
+
+
+def fastapi_telemetry() -> TelemetryConfig:
+    """FastAPI's own OpenTelemetry spans, metrics and logs: on where they
+    have somewhere to go when the app is made (a provider set up in front of
+    the server, as ``opentelemetry-instrument`` does, or FastAPI's own
+    ``FASTAPI_OTEL_AUTO_CONFIGURE=true``), off otherwise. Left on, FastAPI
+    asks every provider on every request whether it is still OpenTelemetry's
+    placeholder: a twentieth of the event loop's time with 1,000 idle nodes
+    polling (BENCHMARKS.md, "Idle polls on a slower CPU")."""
+    providers = (
+        trace.get_tracer_provider(),
+        metrics.get_meter_provider(),
+        _logs.get_logger_provider(),
+    )
+    placeholders = all(type(p).__name__.lstrip("_").startswith("Proxy") for p in providers)
+    wanted = os.getenv("FASTAPI_OTEL_AUTO_CONFIGURE", "").lower() == "true" or not placeholders
+    return TelemetryConfig(tracing=wanted, metrics=wanted, logs=wanted)
