@@ -110,11 +110,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         # middle generation and from there to the oldest. A pass of the
         # middle generation walks all of them: 60 ms, with the event loop
         # stopped, and with Python's default of one every 10 young passes,
-        # every 2-3 s. That was the slow tail of idle polls and a tenth of
-        # the server's CPU. One every MIDDLE_PASS_EVERY young passes, and a
-        # full pass every FULL_PASS_EVERY of those: about as often as the
-        # full passes before (10,000 young passes apart), each walking a
-        # generation of the same size. What dies in the older generations is
+        # every 2-3 s. That was the slow tail of idle polls and 8% of the
+        # server's CPU. One every MIDDLE_PASS_EVERY young passes, and a full
+        # pass every FULL_PASS_EVERY of those: 10,000 young passes apart, as
+        # before this change. What dies in the older generations is
         # freed by reference counting when the poll ends (requests make no
         # reference loops: api/serving.py, tests/unit/test_notifier.py); the
         # passes find what little else there is. BENCHMARKS.md, "Idle polls

@@ -168,8 +168,8 @@ def fastapi_telemetry() -> TelemetryConfig:
     the server, as ``opentelemetry-instrument`` does, or FastAPI's own
     ``FASTAPI_OTEL_AUTO_CONFIGURE=true``), off otherwise. Left on, FastAPI
     asks every provider on every request whether it is still OpenTelemetry's
-    placeholder: a twentieth of the event loop's time with 1,000 idle nodes
-    polling (BENCHMARKS.md, "Idle polls on a slower CPU")."""
+    placeholder: 8 µs a request, and an idle node's poll is a request every
+    2 s (BENCHMARKS.md, "Idle polls and the garbage collector")."""
     providers = (
         trace.get_tracer_provider(),
         metrics.get_meter_provider(),
