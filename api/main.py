@@ -113,11 +113,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         # every 2-3 s. That was the slow tail of idle polls and 8% of the
         # server's CPU. One every MIDDLE_PASS_EVERY young passes, and a full
         # pass every FULL_PASS_EVERY of those: 10,000 young passes apart, as
-        # before this change. What dies in the older generations is
-        # freed by reference counting when the poll ends (requests make no
-        # reference loops: api/serving.py, tests/unit/test_notifier.py); the
-        # passes find what little else there is. BENCHMARKS.md, "Idle polls
-        # and the garbage collector".
+        # before this change. What dies in the older generations is freed by
+        # reference counting when the poll ends (requests make no reference
+        # loops: api/serving.py, tests/unit/test_notifier.py); the passes
+        # find what little else there is. BENCHMARKS.md, "Idle polls and the
+        # garbage collector".
         thresholds = gc.get_threshold()
         gc.set_threshold(thresholds[0], MIDDLE_PASS_EVERY, FULL_PASS_EVERY)
         sweeper = asyncio.create_task(_sweep_forever(core, instruments.tick, read_cache))

@@ -79,14 +79,9 @@ def test_an_arrays_items_are_judged_whatever_arrays_came_before() -> None:
     for _ in range(2):
         for fine in ([], [1, 2], [3]):
             assert PollRequest.model_validate({"active_part_ids": fine}).active_part_ids == fine
-        for wrong, kind in (
-            ([1, True], "an array"),
-            ([1, "2"], "an array"),
-            ([[1]], "an array"),
-            ([1.0, [2]], "an array"),
-        ):
+        for wrong in ([1, True], [1, "2"], [[1]], [1.0, [2]]):
             with pytest.raises(ValidationError) as info:
                 PollRequest.model_validate({"active_part_ids": wrong})
             (error,) = info.value.errors()
             assert error["loc"] == ("active_part_ids",)
-            assert error["msg"] == f"Value error, {kind} where the schema wants an array"
+            assert error["msg"] == "Value error, an array where the schema wants an array"
